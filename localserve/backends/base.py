@@ -1,0 +1,99 @@
+"""Backend interfaces. A generative backend runs one forward pass per step over
+the tokens the scheduler chose; it never decides what runs."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localserve.engine.types import Capacity, StepBatch, StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What the dashboard and `/v1/models` show about a loaded backend."""
+
+    backend: str  # "llamacpp", "onnx", "openvino", ...
+    device: str  # "CPU", "CUDA", "NPU", ...
+    model_path: str
+    architecture: str = ""
+    num_params: int = 0
+    n_ctx_train: int = 0
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids for one model, plus what the chat API needs."""
+
+    @abstractmethod
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token contributes to the output text (special tokens: b"")."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    @property
+    @abstractmethod
+    def eog_token_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_token(self) -> str:
+        return ""
+
+    @property
+    def eos_token(self) -> str:
+        return ""
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template, if it has one."""
+        return None
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+class GenerativeBackend(ABC):
+    """A loaded generative model driven step by step by the scheduler.
+
+    Only the model's step thread calls these methods, so implementations need
+    no locks. `execute` must treat the batch as one forward pass.
+    """
+
+    @abstractmethod
+    def capacity(self) -> Capacity: ...
+
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
+
+    @abstractmethod
+    def info(self) -> BackendInfo: ...
+
+    @abstractmethod
+    def execute(self, batch: StepBatch) -> StepResult:
+        """Apply `batch.kv_ops`, run one forward pass over every chunk, sample
+        one token for each chunk with `sample=True`, and drop the sampler
+        state of `batch.released_seq_ids`."""
+
+    @abstractmethod
+    def release(self, seq_ids: Collection[int]) -> None:
+        """Drop per-sequence state (samplers) of sequences that ended."""
+
+    @abstractmethod
+    def clear_slots(self, slots: Collection[int]) -> None:
+        """Empty KV slots entirely (after a failed step, on preemption)."""
+
+    def metadata(self) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def close(self) -> None: ...

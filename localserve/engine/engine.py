@@ -1,0 +1,262 @@
+"""The asyncio facade over the step threads: submit, stream, abort, stats.
+
+Everything here runs on the event loop and never blocks it: requests go to a
+model's `StepWorker` inbox and come back as `TokenEvent`s through one
+`asyncio.Queue` per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localserve.backends.base import GenerativeBackend, Tokenizer
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.stats import ModelStats
+from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
+from localserve.engine.worker import StepWorker
+from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_queue: int = 256  # waiting requests per model before 503
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+class RequestStream:
+    """Token events of one request. Iterate it; leaving early (break, error,
+    cancellation) aborts the request at the next step boundary."""
+
+    def __init__(self, model: _Model, request: GenerateRequest) -> None:
+        self.request = request
+        self._model = model
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._done = False
+        self.submitted_at = time.monotonic()
+        self._last_token_at = 0.0
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while not self._done:
+                event = await self._queue.get()
+                if event.finished:
+                    self._done = True
+                yield event
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Stop generating (no-op once finished)."""
+        if not self._done:
+            self._done = True
+            self._model.forget(self.request.request_id)
+            self._model.worker.abort(self.request.request_id)
+
+    def _deliver(self, event: TokenEvent) -> None:
+        now = time.monotonic()
+        if event.token_ids:
+            stats = self._model.stats
+            if self._last_token_at == 0.0:
+                stats.record_ttft(now - self.submitted_at)
+            else:
+                stats.record_itl(now - self._last_token_at)
+            self._last_token_at = now
+        self._queue.put_nowait(event)
+
+
+class _Model:
+    """A loaded generative model: its worker and its in-flight requests."""
+
+    def __init__(self, model_id: str, backend: GenerativeBackend, config: EngineConfig) -> None:
+        self.model_id = model_id
+        self.backend = backend
+        self.config = config
+        self.stats = ModelStats()
+        self.streams: dict[str, RequestStream] = {}
+        self.worker = StepWorker(
+            model_id,
+            backend,
+            self.dispatch,
+            asyncio.get_running_loop(),
+            scheduler_config=config.scheduler,
+            stats=self.stats,
+        )
+        self.capacity = backend.capacity()
+        self.last_used = time.monotonic()
+
+    def dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            stream = self.streams.get(event.request_id)
+            if stream is None:
+                continue
+            if event.finished:
+                del self.streams[event.request_id]
+                self.stats.total_prompt_tokens += event.num_prompt_tokens
+                self.stats.total_output_tokens += event.num_output_tokens
+            stream._deliver(event)
+        self.last_used = time.monotonic()
+
+    def forget(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+
+class Engine:
+    """All loaded generative models of the process."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self._models: dict[str, _Model] = {}
+        self._request_ids = itertools.count()
+
+    # ---- models --------------------------------------------------------------
+
+    def add_model(self, model_id: str, backend: GenerativeBackend, config: EngineConfig | None = None) -> None:
+        """Start serving `backend` as `model_id` (call from the event loop)."""
+        if model_id in self._models:
+            raise ValueError(f"model {model_id!r} is already loaded")
+        model = _Model(model_id, backend, config or self.config)
+        model.worker.start()
+        self._models[model_id] = model
+
+    async def remove_model(self, model_id: str) -> None:
+        """Stop a model's worker (in-flight requests end with an error) and close it."""
+        model = self._models.pop(model_id, None)
+        if model is None:
+            raise ModelNotFoundError(f"model {model_id!r} is not loaded")
+        await asyncio.to_thread(model.worker.stop)
+        await asyncio.to_thread(model.backend.close)
+
+    async def close(self) -> None:
+        for model_id in list(self._models):
+            await self.remove_model(model_id)
+
+    def model_ids(self) -> list[str]:
+        return list(self._models)
+
+    def has_model(self, model_id: str) -> bool:
+        return model_id in self._models
+
+    def _model(self, model_id: str) -> _Model:
+        model = self._models.get(model_id)
+        if model is None:
+            raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
+        return model
+
+    def tokenizer(self, model_id: str) -> Tokenizer:
+        return self._model(model_id).backend.tokenizer()
+
+    def capacity(self, model_id: str) -> Capacity:
+        return self._model(model_id).capacity
+
+    def backend(self, model_id: str) -> GenerativeBackend:
+        return self._model(model_id).backend
+
+    def num_in_flight(self, model_id: str) -> int:
+        return len(self._model(model_id).streams)
+
+    # ---- requests ------------------------------------------------------------
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._request_ids)}-{time.monotonic_ns() % 1_000_000_000:09d}"
+
+    def submit(self, model_id: str, request: GenerateRequest) -> RequestStream:
+        """Queue a request; raises at once if it can never run or the queue is full."""
+        model = self._model(model_id)
+        if not model.worker.alive:
+            raise EngineStoppedError(f"model {model_id!r} is not running; reload it")
+        n_ctx = model.capacity.n_ctx
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt >= n_ctx:
+            raise ContextLengthError(
+                f"This model's maximum context length is {n_ctx} tokens; the prompt has {num_prompt} tokens. "
+                "Shorten the prompt or restart with a larger --ctx-size.",
+                param="messages",
+            )
+        num_waiting = len(model.streams) - model.capacity.max_num_seqs
+        if num_waiting >= model.config.max_queue:
+            raise QueueFullError(
+                f"model {model_id!r} has {num_waiting} requests waiting (limit {model.config.max_queue}); retry shortly",
+                retry_after_s=1,
+            )
+        if request.request_id in model.streams:
+            raise ValueError(f"request id {request.request_id!r} is in use")
+        stream = RequestStream(model, request)
+        model.streams[request.request_id] = stream
+        model.last_used = time.monotonic()
+        model.worker.add(request)
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request by id on whichever model runs it."""
+        for model in self._models.values():
+            stream = model.streams.get(request_id)
+            if stream is not None:
+                model.forget(request_id)
+                model.worker.abort(request_id)
+                stream._deliver(_aborted(stream, request_id))
+                return True
+        return False
+
+    # ---- stats ---------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """A snapshot per model (cheap; safe to call often)."""
+        out: dict[str, dict[str, Any]] = {}
+        for model_id, model in self._models.items():
+            snap = model.worker.snapshot
+            info = model.backend.info()
+            prompt = max(1, snap.num_prompt_tokens)
+            out[model_id] = {
+                "backend": info.backend,
+                "device": info.device,
+                "running": snap.running_by_class,
+                "waiting": snap.waiting_by_class,
+                "in_flight": len(model.streams),
+                "kv_used": snap.kv_used,
+                "kv_total": model.capacity.kv_tokens,
+                "max_num_seqs": model.capacity.max_num_seqs,
+                "n_ctx": model.capacity.n_ctx,
+                "prefix_cache_hit_tokens": snap.num_cached_tokens,
+                "prefix_cache_hit_rate": snap.num_cached_tokens / prompt,
+                "preemptions": snap.num_preemptions,
+                "recent_batch_sizes": model.stats.recent_batch_sizes(),
+                "total_prompt_tokens": model.stats.total_prompt_tokens,
+                "total_output_tokens": model.stats.total_output_tokens,
+                "requests": [
+                    {
+                        "id": s.request_id,
+                        "model": model_id,
+                        "priority": s.priority,
+                        "state": s.state,
+                        "prompt_tokens": s.num_prompt_tokens,
+                        "generated_tokens": s.num_output_tokens,
+                        "age_s": round(s.age_s, 3),
+                        "tokens_per_s": round(s.tokens_per_s, 2),
+                    }
+                    for s in snap.sequences
+                ],
+                **model.stats.snapshot(),
+            }
+        return out
+
+    def set_fault_hook(self, model_id: str, hook: Any) -> None:
+        """Test hook: `hook(batch)` runs inside each step and may raise."""
+        self._model(model_id).worker.fault_hook = hook
+
+
+def _aborted(stream: RequestStream, request_id: str) -> TokenEvent:
+    return TokenEvent(
+        request_id=request_id,
+        token_ids=(),
+        text="",
+        finish_reason=FinishReason.ABORT,
+        num_prompt_tokens=len(stream.request.prompt_token_ids),
+    )

@@ -1,0 +1,434 @@
+"""The token-level continuous-batching scheduler. Pure and synchronous: it
+never touches a model, it only decides what the next step computes.
+
+Rules (see DESIGN.md, "Scheduler rules"):
+
+* One token budget per step (`Capacity.max_num_batched_tokens`) and at most
+  `Capacity.max_num_seqs` running sequences.
+* Running sequences go first (decode tokens, or the next chunk of a prompt
+  that did not fit), then waiting ones are admitted with prompt chunks in
+  whatever budget is left. A step is never prefill-only by rule.
+* Priority is a number, lower is sooner. A request's scheduling key is its
+  *virtual deadline* ``arrival + priority * aging_s``; waiting requests are
+  served earliest-deadline-first. This is aging: a request's effective
+  priority improves by one level per `aging_s` seconds of waiting.
+
+  **Worst-case wait.** A request R of priority p arriving at t0 is ahead of
+  every request that arrives after ``t0 + (p - p_min) * aging_s`` (p_min = 0,
+  `interactive`), and such a request can never preempt it. So R waits at most
+  ``(p - p_min) * aging_s`` plus the service time of the requests that arrived
+  before that moment; no stream of higher-priority arrivals starves it.
+* Preemption: a waiting request may take the slot (or the KV room) of a
+  running one whose deadline is later by more than
+  ``preempt_margin * aging_s``. Deadlines are fixed, so preemption can never
+  ping-pong between two requests. A preempted sequence keeps its tokens and
+  is recomputed when readmitted, helped by the prefix cache.
+* Prefix cache: a free slot keeps the tokens it last held. A new sequence
+  takes the free slot sharing its longest prefix, or copies the prefix from
+  a running slot, and only computes the rest.
+* KV room is counted in tokens (cells), conservatively (shared cells counted
+  once per slot). A sequence that cannot grow first evicts cached prefixes,
+  then preempts the running sequence with the latest deadline; nothing is
+  ever truncated silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from localserve.engine.output import OutputText
+from localserve.engine.sequence import Sequence, SeqStatus, Slot, common_prefix_len
+from localserve.engine.types import (
+    Capacity,
+    FinishReason,
+    GenerateRequest,
+    KvOp,
+    SeqChunk,
+    StepBatch,
+    StepResult,
+    TokenEvent,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    aging_s: float = 30.0  # seconds of waiting that gain one priority level
+    preempt_margin: float = 0.5  # priority levels a waiter must lead by to preempt
+    enable_prefix_cache: bool = True
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    """Monotonic counters; rates are derived by the engine."""
+
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    num_preemptions: int = 0
+    num_finished: int = 0
+    last_batch_size: int = 0  # sequences in the last step
+    last_batch_tokens: int = 0
+
+
+class Scheduler:
+    """Decides each step's batch and applies its results. See module docstring."""
+
+    def __init__(
+        self,
+        capacity: Capacity,
+        *,
+        eog_token_ids: Iterable[int],
+        token_bytes: Callable[[int], bytes],
+        config: SchedulerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity.kv_tokens < capacity.n_ctx:
+            raise ValueError("kv_tokens must hold at least one full context (n_ctx)")
+        self.capacity = capacity
+        self.config = config or SchedulerConfig()
+        self.counters = SchedulerCounters()
+        self._eog = frozenset(eog_token_ids)
+        self._token_bytes = token_bytes
+        self._clock = clock
+        self._slots = [Slot(i) for i in range(capacity.max_num_seqs)]
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._by_request: dict[str, Sequence] = {}
+        self._by_seq_id: dict[int, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._step_ids = itertools.count()
+        self._released: list[int] = []
+
+    # ---- requests in and out -------------------------------------------------
+
+    def add(self, request: GenerateRequest) -> None:
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if num_prompt >= self.capacity.n_ctx:
+            raise ValueError(f"the prompt has {num_prompt} tokens; the context holds {self.capacity.n_ctx}")
+        if request.request_id in self._by_request:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        now = self._clock()
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request.request_id,
+            token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=num_prompt,
+            sampling=request.sampling,
+            priority=request.priority,
+            arrival_time=now,
+            deadline=now + request.priority * self.config.aging_s,
+            output=OutputText(request.sampling.stop),
+        )
+        self._by_request[request.request_id] = seq
+        self._by_seq_id[seq.seq_id] = seq
+        self._waiting.append(seq)
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        """End a request now (between steps). Returns its final event, or None
+        if it is unknown or already finished."""
+        seq = self._by_request.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, FinishReason.ABORT)
+        return self._event(seq, (), "")
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def sequences(self) -> list[Sequence]:
+        """Unfinished sequences, running first (for stats; do not mutate)."""
+        return self._running + self._waiting
+
+    def kv_used(self) -> int:
+        return sum(len(s.token_ids) for s in self._slots)
+
+    # ---- one step ------------------------------------------------------------
+
+    def schedule(self) -> StepBatch:
+        """Choose the next step's KV edits and token chunks."""
+        plan = _StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
+        for seq in sorted(self._running, key=_order):
+            if seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
+                self._schedule_running(seq, plan)
+        for seq in sorted(self._waiting, key=_order):
+            if plan.budget <= 0 or not self._admit(seq, plan):
+                break
+        released, self._released = tuple(self._released), []
+        return StepBatch(
+            step_id=next(self._step_ids),
+            kv_ops=tuple(plan.kv_ops),
+            chunks=tuple(self._chunk(seq, n) for seq, n in plan.scheduled.items()),
+            released_seq_ids=released,
+        )
+
+    def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
+        """Apply a step's results: advance computed tokens, append sampled
+        tokens, detect stops. Returns one event per sequence that sampled."""
+        now = self._clock()
+        events: list[TokenEvent] = []
+        self._count_step(batch)
+        for chunk in batch.chunks:
+            seq = self._by_request_seq(chunk.seq_id)
+            if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += len(chunk.token_ids)
+            self._slots[chunk.slot].token_ids.extend(chunk.token_ids)
+            if chunk.sample:
+                sampled = result.sampled[chunk.seq_id]
+                events.append(self._append_token(seq, sampled.token_id, sampled.logprob, now))
+        return events
+
+    def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
+        """The step raised: end its sequences with an error, forget the KV of
+        every slot it touched. Returns their final events; the engine must
+        clear `touched_slots(batch)` in the backend."""
+        events = []
+        for chunk in batch.chunks:
+            seq = self._by_request_seq(chunk.seq_id)
+            if seq is not None and seq.status is SeqStatus.RUNNING:
+                self._finish(seq, FinishReason.ERROR)
+                events.append(self._event(seq, (), "", error=message))
+        for slot_id in self.touched_slots(batch):
+            self._slots[slot_id].token_ids.clear()
+        return events
+
+    @staticmethod
+    def touched_slots(batch: StepBatch) -> set[int]:
+        return {c.slot for c in batch.chunks} | {op.slot for op in batch.kv_ops}
+
+    # ---- internals -----------------------------------------------------------
+
+    def _schedule_running(self, seq: Sequence, plan: _StepPlan) -> None:
+        num_new = min(seq.num_tokens - seq.num_computed_tokens, plan.budget)
+        if num_new <= 0:
+            return
+        if not self._make_kv_room(num_new, plan, protect=seq):
+            self._preempt(seq, plan, keep_cache=False)
+            return
+        plan.add(seq, num_new)
+
+    def _admit(self, seq: Sequence, plan: _StepPlan) -> bool:
+        """Give a waiting sequence a slot and its first chunk. False: stop admitting."""
+        slot = self._pick_slot(seq)
+        if slot is None:
+            victim = self._victim(seq)
+            if victim is None:
+                return False
+            self._preempt(victim, plan, keep_cache=True)
+            slot = self._pick_slot(seq)
+            assert slot is not None
+        num_reused = self._reuse_prefix(seq, slot, plan)
+        num_new = min(seq.num_tokens - num_reused, plan.budget)
+        while not self._make_kv_room(num_new, plan, protect=None, keep=slot):
+            victim = self._victim(seq)
+            if victim is None:
+                return False  # the trimmed slot stays free, its prefix cached
+            self._preempt(victim, plan, keep_cache=False)
+        self._waiting.remove(seq)
+        self._running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        seq.slot = slot.slot_id
+        seq.num_computed_tokens = num_reused
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = min(num_reused, seq.num_prompt_tokens)
+            self.counters.num_cached_tokens += seq.num_cached_tokens
+        slot.owner = seq
+        plan.add(seq, num_new)
+        return True
+
+    def _pick_slot(self, seq: Sequence) -> Slot | None:
+        """The free slot sharing the longest prefix with `seq`, else the least
+        recently used free slot."""
+        free = [s for s in self._slots if s.owner is None]
+        if not free:
+            return None
+        if self.config.enable_prefix_cache:
+            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.last_used))
+            if common_prefix_len(best.token_ids, seq.token_ids) > 0:
+                return best
+        return min(free, key=lambda s: (bool(s.token_ids), s.last_used))
+
+    def _reuse_prefix(self, seq: Sequence, slot: Slot, plan: _StepPlan) -> int:
+        """Trim `slot` to the prefix it shares with `seq`, or copy a longer one
+        from a running slot. Returns the number of tokens reused. At least one
+        token is always left to compute, to get logits to sample from."""
+        limit = seq.num_tokens - 1
+        num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if self.config.enable_prefix_cache else 0
+        best_src, num_copy = None, num_own
+        if self.config.enable_prefix_cache:
+            for other in self._running:
+                other_slot = self._slots[other.slot]
+                n = min(common_prefix_len(other_slot.token_ids, seq.token_ids), limit)
+                if n > num_copy:
+                    best_src, num_copy = other_slot, n
+        plan.kv_used -= len(slot.token_ids)
+        if best_src is not None:
+            plan.kv_ops.append(KvOp("copy", slot.slot_id, num_copy, src=best_src.slot_id))
+            slot.token_ids = best_src.token_ids[:num_copy]
+        elif len(slot.token_ids) != num_own:
+            plan.kv_ops.append(KvOp("keep", slot.slot_id, num_own))
+            del slot.token_ids[num_own:]
+        plan.kv_used += len(slot.token_ids)
+        return len(slot.token_ids)
+
+    def _make_kv_room(self, num_new: int, plan: _StepPlan, protect: Sequence | None, keep: Slot | None = None) -> bool:
+        """Evict cached prefixes of free slots, then preempt running sequences
+        with later deadlines than `protect`, until `num_new` tokens fit."""
+        while plan.kv_used + num_new > self.capacity.kv_tokens:
+            cached = [s for s in self._slots if s.owner is None and s.token_ids and s is not keep]
+            if cached:
+                victim_slot = min(cached, key=lambda s: s.last_used)
+                plan.kv_used -= len(victim_slot.token_ids)
+                victim_slot.token_ids.clear()
+                plan.kv_ops.append(KvOp("keep", victim_slot.slot_id, 0))
+                continue
+            if protect is None:
+                return False
+            victims = [s for s in self._running if s is not protect and s.deadline > protect.deadline]
+            if not victims:
+                return False
+            self._preempt(max(victims, key=_order), plan, keep_cache=False)
+        return True
+
+    def _victim(self, waiting: Sequence) -> Sequence | None:
+        """The running sequence `waiting` may preempt, if any."""
+        if not self._running:
+            return None
+        victim = max(self._running, key=_order)
+        margin = self.config.preempt_margin * self.config.aging_s
+        return victim if waiting.deadline < victim.deadline - margin else None
+
+    def _preempt(self, seq: Sequence, plan: _StepPlan, *, keep_cache: bool) -> None:
+        slot = self._slots[seq.slot]
+        plan.remove(seq)
+        slot.owner = None
+        slot.last_used = self._clock()
+        if not keep_cache:
+            plan.kv_used -= len(slot.token_ids)
+            slot.token_ids.clear()
+            plan.kv_ops.append(KvOp("keep", slot.slot_id, 0))
+        self._running.remove(seq)
+        self._waiting.append(seq)
+        seq.status = SeqStatus.WAITING
+        seq.slot = -1
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.counters.num_preemptions += 1
+
+    def _chunk(self, seq: Sequence, num_new: int) -> SeqChunk:
+        start = seq.num_computed_tokens
+        return SeqChunk(
+            seq_id=seq.seq_id,
+            slot=seq.slot,
+            token_ids=tuple(seq.token_ids[start : start + num_new]),
+            start_pos=start,
+            sample=start + num_new == seq.num_tokens,
+            sampling=seq.sampling,
+        )
+
+    def _append_token(self, seq: Sequence, token_id: int, logprob, now: float) -> TokenEvent:  # type: ignore[no-untyped-def]
+        seq.token_ids.append(token_id)
+        if seq.first_token_time == 0.0:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        params = seq.sampling
+        may_stop = seq.num_output_tokens > params.min_tokens
+        text, emitted = "", (token_id,)
+        if may_stop and not params.ignore_eos and token_id in self._eog:
+            reason, emitted = FinishReason.STOP, ()
+        elif may_stop and token_id in params.stop_token_ids:
+            reason, emitted = FinishReason.STOP, ()
+        else:
+            text = seq.output.push(self._token_bytes(token_id))
+            reason = FinishReason.STOP if seq.output.stopped_by is not None else None
+        if reason is None and (seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.capacity.n_ctx):
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            text += seq.output.flush()
+            self._finish(seq, reason)
+        logprobs = (logprob,) if logprob is not None and emitted else ()
+        return self._event(seq, emitted, text, logprobs=logprobs)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            slot = self._slots[seq.slot]
+            slot.owner = None
+            slot.last_used = self._clock()
+            self._running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self._waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        del self._by_request[seq.request_id]
+        del self._by_seq_id[seq.seq_id]
+        self._released.append(seq.seq_id)
+        self.counters.num_finished += 1
+
+    def _event(self, seq: Sequence, token_ids: tuple[int, ...], text: str, *, logprobs=(), error: str | None = None) -> TokenEvent:  # type: ignore[no-untyped-def]
+        return TokenEvent(
+            request_id=seq.request_id,
+            token_ids=token_ids,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=seq.finish_reason,
+            error=error,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def _by_request_seq(self, seq_id: int) -> Sequence | None:
+        return self._by_seq_id.get(seq_id)
+
+    def _count_step(self, batch: StepBatch) -> None:
+        c = self.counters
+        c.num_steps += 1
+        c.last_batch_size = len(batch.chunks)
+        c.last_batch_tokens = batch.num_tokens
+        for chunk in batch.chunks:
+            seq = self._by_request_seq(chunk.seq_id)
+            is_decode = seq is not None and chunk.start_pos >= seq.num_prompt_tokens
+            if is_decode:
+                c.num_decode_tokens += len(chunk.token_ids)
+            else:
+                c.num_prefill_tokens += len(chunk.token_ids)
+
+
+def _order(seq: Sequence) -> tuple[float, float, int]:
+    return (seq.deadline, seq.arrival_time, seq.seq_id)
+
+
+class _StepPlan:
+    """The step being built: budget, KV count, edits and chunks."""
+
+    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled")
+
+    def __init__(self, budget: int, kv_used: int) -> None:
+        self.budget = budget
+        self.kv_used = kv_used
+        self.kv_ops: list[KvOp] = []
+        self.scheduled: dict[Sequence, int] = {}
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.scheduled[seq] = num_new
+        self.budget -= num_new
+        self.kv_used += num_new
+
+    def remove(self, seq: Sequence) -> None:
+        num_new = self.scheduled.pop(seq, 0)
+        self.budget += num_new
+        self.kv_used -= num_new

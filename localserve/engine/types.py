@@ -1,0 +1,180 @@
+"""Plain types that cross the boundary between the event loop, the step thread
+and the backends. Frozen where shared, slotted everywhere."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+#: Named priority levels. Lower is sooner; any float is accepted.
+PRIORITY_ALIASES: dict[str, float] = {"interactive": 0.0, "default": 1.0, "batch": 2.0}
+MIN_PRIORITY = 0.0
+MAX_PRIORITY = 10.0
+
+
+def parse_priority(value: str | float | int | None) -> float:
+    """Turn an alias or a number into a priority in [MIN_PRIORITY, MAX_PRIORITY]."""
+    if value is None:
+        return PRIORITY_ALIASES["default"]
+    if isinstance(value, str):
+        if value in PRIORITY_ALIASES:
+            return PRIORITY_ALIASES[value]
+        try:
+            value = float(value)
+        except ValueError:
+            names = ", ".join(PRIORITY_ALIASES)
+            raise ValueError(f"priority must be a number or one of {names}; got {value!r}") from None
+    number = float(value)
+    if not MIN_PRIORITY <= number <= MAX_PRIORITY:
+        raise ValueError(f"priority must be between {MIN_PRIORITY:g} and {MAX_PRIORITY:g}; got {number:g}")
+    return number
+
+
+def priority_class(priority: float) -> str:
+    """The alias a priority is counted under in stats (nearest level at or below)."""
+    if priority < PRIORITY_ALIASES["default"]:
+        return "interactive"
+    if priority < PRIORITY_ALIASES["batch"]:
+        return "default"
+    return "batch"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended; values are OpenAI's finish reasons where one exists."""
+
+    STOP = "stop"  # EOS/EOG token or a stop string
+    LENGTH = "length"  # max_tokens or the context size
+    ABORT = "abort"  # client went away or cancelled
+    ERROR = "error"  # the backend failed in a step with this sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. `temperature == 0` is greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: off; 0..20: top alternatives per token
+    grammar: str | None = None  # GBNF; constrains every sampled token
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One generation asked of one model."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: float = PRIORITY_ALIASES["default"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What a request's consumer receives after a step: new tokens and text,
+    and on the last event the finish reason and the counts for `usage`."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What a generative backend can hold and compute in one step."""
+
+    max_num_seqs: int  # KV slots (llama.cpp sequence ids)
+    max_num_batched_tokens: int  # token budget of one step
+    kv_tokens: int  # KV cells shared by all slots
+    n_ctx: int  # the longest sequence one slot may hold
+
+
+@dataclass(frozen=True, slots=True)
+class SeqChunk:
+    """Tokens of one sequence fed in one step, at positions start_pos.. ."""
+
+    seq_id: int  # stable id of the sequence (survives preemption)
+    slot: int  # KV slot the tokens go to
+    token_ids: tuple[int, ...]
+    start_pos: int
+    sample: bool  # a token is sampled after the last one
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class KvOp:
+    """A KV-cache edit applied before the step's forward pass.
+
+    `keep`: drop every cell of `slot` from position `num_tokens` on.
+    `copy`: make `dst` share the first `num_tokens` cells of `src` (after
+    clearing `dst`).
+    """
+
+    kind: str  # "keep" | "copy"
+    slot: int
+    num_tokens: int
+    src: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """Everything one step computes: KV edits, then one forward pass."""
+
+    step_id: int
+    kv_ops: tuple[KvOp, ...]
+    chunks: tuple[SeqChunk, ...]
+    released_seq_ids: tuple[int, ...] = ()  # sequences whose sampler state can go
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Sampled tokens by seq_id for every chunk with `sample=True`."""
+
+    sampled: dict[int, SampledToken]

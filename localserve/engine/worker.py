@@ -1,0 +1,232 @@
+"""One step thread per loaded generative model: it alone owns the model's
+`Scheduler` and `Backend`. The event loop talks to it through an inbox of
+messages and receives token events through `loop.call_soon_threadsafe`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localserve.backends.base import GenerativeBackend
+from localserve.engine.scheduler import Scheduler, SchedulerConfig
+from localserve.engine.sequence import SeqStatus
+from localserve.engine.stats import ModelStats, SchedulerSnapshot, SeqSnapshot
+from localserve.engine.types import FinishReason, GenerateRequest, StepBatch, TokenEvent, priority_class
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request: GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+Message = _Add | _Abort | _Stop
+Dispatch = Callable[[list[TokenEvent]], None]
+
+
+class StepWorker:
+    """Runs the step loop of DESIGN.md for one model on its own thread."""
+
+    def __init__(
+        self,
+        name: str,
+        backend: GenerativeBackend,
+        dispatch: Dispatch,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        scheduler_config: SchedulerConfig | None = None,
+        stats: ModelStats | None = None,
+    ) -> None:
+        tokenizer = backend.tokenizer()
+        self.backend = backend
+        self.scheduler = Scheduler(
+            backend.capacity(),
+            eog_token_ids=tokenizer.eog_token_ids,
+            token_bytes=tokenizer.token_bytes,
+            config=scheduler_config,
+        )
+        self.stats = stats or ModelStats()
+        self.snapshot = SchedulerSnapshot()
+        self.fault_hook: Callable[[StepBatch], None] | None = None  # tests: raise inside a step
+        self._dispatch = dispatch
+        self._loop = loop
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
+        self._last_snapshot = 0.0
+        self.crashed: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, request: GenerateRequest) -> None:
+        self._inbox.put(_Add(request))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._inbox.put(_Stop())
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the loop ------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.scheduler.has_work()):
+                if self.scheduler.has_work():
+                    self._step()
+                self._publish_snapshot()
+        except BaseException as exc:  # never leave callers hanging
+            self.crashed = exc
+            log.exception("step loop of %s crashed", self._thread.name)
+            self._fail_everything(f"the step loop crashed: {exc}")
+        finally:
+            self._publish_snapshot(force=True)
+
+    def _drain_inbox(self, *, block: bool) -> bool:
+        """Apply queued messages. False when asked to stop."""
+        events: list[TokenEvent] = []
+        try:
+            message = self._inbox.get(block=block)
+            while True:
+                if isinstance(message, _Stop):
+                    self._fail_everything("the server is shutting down", events)
+                    return False
+                if isinstance(message, _Add):
+                    events.extend(self._add(message.request))
+                elif isinstance(message, _Abort):
+                    event = self.scheduler.abort(message.request_id)
+                    if event is not None:
+                        events.append(event)
+                message = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        finally:
+            if events:
+                self._post(events)
+        return True
+
+    def _add(self, request: GenerateRequest) -> list[TokenEvent]:
+        try:
+            self.scheduler.add(request)
+        except ValueError as exc:  # the API validates first; this is the last guard
+            return [_error_event(request.request_id, str(exc), len(request.prompt_token_ids))]
+        return []
+
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            # Everything waits on room that a running sequence will free; never
+            # spin: nothing runs, so this only happens on a scheduler bug.
+            log.error("scheduler produced an empty step with work pending")
+            self._fail_everything("internal error: the scheduler could not place any request")
+            return
+        started = time.monotonic()
+        try:
+            if self.fault_hook is not None:
+                self.fault_hook(batch)
+            result = self.backend.execute(batch)
+        except Exception as exc:
+            log.exception("step %d failed", batch.step_id)
+            events = self.scheduler.fail(batch, f"the backend failed in this step: {exc}")
+            self.backend.clear_slots(Scheduler.touched_slots(batch))
+            self.backend.release([c.seq_id for c in batch.chunks])
+            self.stats.num_errors += len(events)
+        else:
+            events = self.scheduler.update(batch, result)
+        counters = self.scheduler.counters
+        self.stats.record_step(
+            num_prefill=sum(len(c.token_ids) for c in batch.chunks if not c.sample or len(c.token_ids) > 1),
+            num_decode=sum(1 for c in batch.chunks if c.sample and len(c.token_ids) == 1),
+            num_seqs=counters.last_batch_size,
+            duration_s=time.monotonic() - started,
+        )
+        if events:
+            self._post(events)
+
+    def _post(self, events: list[TokenEvent]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, events)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _fail_everything(self, message: str, events: list[TokenEvent] | None = None) -> None:
+        events = events if events is not None else []
+        for seq in list(self.scheduler.sequences()):
+            event = self.scheduler.abort(seq.request_id)
+            if event is not None:
+                events.append(_error_event(seq.request_id, message, seq.num_prompt_tokens, event))
+        if events:
+            self._post(events)
+
+    def _publish_snapshot(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_snapshot < SNAPSHOT_INTERVAL_S:
+            return
+        self._last_snapshot = now
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        sequences = []
+        for seq in self.scheduler.sequences():
+            cls = priority_class(seq.priority)
+            is_running = seq.status is SeqStatus.RUNNING
+            target = running if is_running else waiting
+            target[cls] = target.get(cls, 0) + 1
+            age = now - seq.arrival_time
+            since_first = now - seq.first_token_time if seq.first_token_time else 0.0
+            sequences.append(
+                SeqSnapshot(
+                    request_id=seq.request_id,
+                    priority=seq.priority,
+                    state="running" if is_running else "waiting",
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_output_tokens=seq.num_output_tokens,
+                    age_s=age,
+                    tokens_per_s=seq.num_output_tokens / since_first if since_first > 0 else 0.0,
+                )
+            )
+        counters = self.scheduler.counters
+        self.snapshot = SchedulerSnapshot(
+            running_by_class=running,
+            waiting_by_class=waiting,
+            kv_used=self.scheduler.kv_used(),
+            sequences=tuple(sequences),
+            num_cached_tokens=counters.num_cached_tokens,
+            num_prompt_tokens=counters.num_prefill_tokens + counters.num_cached_tokens,
+            num_preemptions=counters.num_preemptions,
+        )
+
+
+def _error_event(request_id: str, message: str, num_prompt: int, base: TokenEvent | None = None) -> TokenEvent:
+    return TokenEvent(
+        request_id=request_id,
+        token_ids=(),
+        text="",
+        finish_reason=FinishReason.ERROR,
+        error=message,
+        num_prompt_tokens=num_prompt,
+        num_output_tokens=base.num_output_tokens if base else 0,
+        num_cached_tokens=base.num_cached_tokens if base else 0,
+    )
