@@ -187,7 +187,10 @@ class Scheduler:
                 continue
             seq.num_computed_tokens += len(chunk.token_ids)
             self._slots[chunk.slot].token_ids.extend(chunk.token_ids)
-            if chunk.sample:
+            if chunk.seq_id in result.failed:
+                self._finish(seq, FinishReason.ERROR)
+                events.append(self._event(seq, (), "", error=result.failed[chunk.seq_id]))
+            elif chunk.sample:
                 sampled = result.sampled[chunk.seq_id]
                 events.append(self._append_token(seq, sampled.token_id, sampled.logprob, now))
         return events

@@ -175,6 +175,9 @@ class StepBatch:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """Sampled tokens by seq_id for every chunk with `sample=True`."""
+    """Sampled tokens by seq_id for every chunk with `sample=True`, and the
+    sequences the backend refused alone (e.g. a grammar that does not
+    compile) with the reason; those end with an error, the rest go on."""
 
     sampled: dict[int, SampledToken]
+    failed: dict[int, str] = field(default_factory=dict)

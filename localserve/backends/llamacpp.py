@@ -1,0 +1,264 @@
+"""The llama.cpp backend, on llama-cpp-python's low-level API.
+
+One `llama_context` holds `parallel` sequences in one unified KV cache. Every
+step is a single `llama_decode` over a `llama_batch` that mixes the decode
+tokens of running sequences with prompt chunks of new ones, padding-free;
+each sequence samples with its own sampler chain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from localserve.backends.base import BackendInfo, GenerativeBackend
+from localserve.backends.llamacpp_sampling import SamplerChain, token_logprob
+from localserve.backends.llamacpp_tokenizer import LlamaTokenizer
+from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, StepBatch, StepResult
+from localserve.errors import BackendError, DeviceNotFoundError, InvalidRequestError, LocalServeError
+
+log = logging.getLogger(__name__)
+
+_DECODE_ERRORS = {
+    1: "no KV cache room for the batch",
+    2: "the computation was aborted",
+    -1: "invalid input batch",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppConfig:
+    """How to load a GGUF model. Zero means "choose for me"."""
+
+    model_path: str
+    n_ctx: int = 4096  # the longest sequence (prompt + output) one slot holds
+    parallel: int = 8  # sequences decoded together (KV slots)
+    kv_tokens: int = 0  # KV cells shared by all slots; 0: min(n_ctx*parallel, 16k), at least n_ctx
+    batch_tokens: int = 512  # token budget of one step
+    n_threads: int = 0  # 0: all cores
+    device: str = "auto"  # auto | cpu | gpu
+    n_gpu_layers: int = -1  # with device gpu/auto-on-GPU: layers to offload, -1 all
+
+
+_init_lock = threading.Lock()
+_log_callback = None  # must stay referenced for the life of the process
+
+
+def _init_llama() -> None:
+    global _log_callback
+    with _init_lock:
+        if _log_callback is not None:
+            return
+        llama_cpp.llama_backend_init()
+
+        @llama_cpp.llama_log_callback
+        def forward(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            log.debug("llama.cpp: %s", text.decode("utf-8", errors="replace").rstrip())
+
+        _log_callback = forward
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+def available_devices() -> list[str]:
+    _init_llama()
+    return ["CPU", "GPU"] if llama_cpp.llama_supports_gpu_offload() else ["CPU"]
+
+
+class LlamaCppBackend(GenerativeBackend):
+    """A GGUF model in one multi-sequence llama.cpp context."""
+
+    def __init__(self, config: LlamaCppConfig) -> None:
+        _init_llama()
+        path = Path(config.model_path)
+        if not path.is_file():
+            raise LocalServeError(f"model file not found: {path}")
+        self.config = config
+        n_gpu_layers, self._device = _resolve_device(config)
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self._model:
+            raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
+        self._ctx = None
+        self._batch = None
+        try:
+            self._open_context(config)
+        except BaseException:
+            self.close()
+            raise
+        self._tokenizer = LlamaTokenizer(self._model)
+        self._n_vocab = self._tokenizer.vocab_size
+        self._chains: dict[int, SamplerChain] = {}
+
+    def _open_context(self, config: LlamaCppConfig) -> None:
+        n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
+        n_ctx = min(config.n_ctx, n_ctx_train) if n_ctx_train > 0 else config.n_ctx
+        parallel = max(1, config.parallel)
+        kv_tokens = config.kv_tokens or min(n_ctx * parallel, max(16384, n_ctx))
+        kv_tokens = max(kv_tokens, n_ctx)
+        threads = config.n_threads or os.cpu_count() or 1
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = kv_tokens
+        params.n_batch = config.batch_tokens
+        params.n_ubatch = min(config.batch_tokens, 512)
+        params.n_seq_max = parallel
+        params.kv_unified = True
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise LocalServeError(
+                f"llama.cpp could not create a context of {kv_tokens} KV tokens x {parallel} sequences; "
+                "lower --ctx-size or --parallel"
+            )
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
+        kv_actual = int(llama_cpp.llama_n_ctx(self._ctx))
+        self._capacity = Capacity(
+            max_num_seqs=parallel,
+            max_num_batched_tokens=config.batch_tokens,
+            kv_tokens=kv_actual,
+            n_ctx=min(n_ctx, kv_actual),
+        )
+        self._n_ctx_train = n_ctx_train
+
+    # ---- GenerativeBackend ---------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        return self._capacity
+
+    def tokenizer(self) -> LlamaTokenizer:
+        return self._tokenizer
+
+    def info(self) -> BackendInfo:
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, desc, len(desc))
+        return BackendInfo(
+            backend="llamacpp",
+            device=self._device,
+            model_path=self.config.model_path,
+            architecture=desc.value.decode("utf-8", errors="replace"),
+            num_params=int(llama_cpp.llama_model_n_params(self._model)),
+            n_ctx_train=int(self._n_ctx_train),
+        )
+
+    def validate(self, params: SamplingParams) -> None:
+        """Raise InvalidRequestError now if `params` cannot build a sampler
+        (e.g. a grammar that does not compile). Safe from any thread."""
+        SamplerChain(params, self._tokenizer.vocab, self._n_vocab).free()
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        self.release(batch.released_seq_ids)
+        self._apply_kv_ops(batch.kv_ops)
+        failed = self._ensure_chains(batch)
+        sample_at = self._fill_batch(batch)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            reason = _DECODE_ERRORS.get(rc, "internal error")
+            raise BackendError(f"llama_decode failed with code {rc} ({reason})")
+        sampled: dict[int, SampledToken] = {}
+        for chunk, index in sample_at:
+            if chunk.seq_id in failed:
+                continue
+            token_id = self._chains[chunk.seq_id].sample(self._ctx, index)
+            logprob = None
+            if chunk.sampling.logprobs is not None:
+                logprob = token_logprob(self._ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
+            sampled[chunk.seq_id] = SampledToken(token_id, logprob)
+        return StepResult(sampled=sampled, failed=failed)
+
+    def release(self, seq_ids: Collection[int]) -> None:
+        for seq_id in seq_ids:
+            chain = self._chains.pop(seq_id, None)
+            if chain is not None:
+                chain.free()
+
+    def clear_slots(self, slots: Collection[int]) -> None:
+        for slot in slots:
+            llama_cpp.llama_memory_seq_rm(self._mem, slot, -1, -1)
+
+    def close(self) -> None:
+        for chain in getattr(self, "_chains", {}).values():
+            chain.free()
+        self._chains = {}
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    # ---- internals -----------------------------------------------------------
+
+    def _apply_kv_ops(self, kv_ops: tuple[KvOp, ...]) -> None:
+        mem = self._mem
+        for op in kv_ops:
+            if op.kind == "keep":
+                llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
+            elif op.kind == "copy":
+                llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
+                llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
+            else:
+                raise BackendError(f"unknown KV operation {op.kind!r}")
+
+    def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
+        failed: dict[int, str] = {}
+        for chunk in batch.chunks:
+            if chunk.sample and chunk.seq_id not in self._chains:
+                try:
+                    self._chains[chunk.seq_id] = SamplerChain(chunk.sampling, self._tokenizer.vocab, self._n_vocab)
+                except InvalidRequestError as exc:
+                    failed[chunk.seq_id] = exc.message
+        return failed
+
+    def _fill_batch(self, batch: StepBatch) -> list[tuple]:  # type: ignore[type-arg]
+        b = self._batch
+        token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        k = 0
+        sample_at = []
+        for chunk in batch.chunks:
+            slot = chunk.slot
+            p = chunk.start_pos
+            for tok in chunk.token_ids:
+                token[k] = tok
+                pos[k] = p
+                n_seq_id[k] = 1
+                seq_id[k][0] = slot
+                logits[k] = 0
+                k += 1
+                p += 1
+            if chunk.sample:
+                logits[k - 1] = 1
+                sample_at.append((chunk, k - 1))
+        b.n_tokens = k
+        return sample_at
+
+
+def _resolve_device(config: LlamaCppConfig) -> tuple[int, str]:
+    """(n_gpu_layers, device name) for the requested device."""
+    device = config.device.lower()
+    gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    if device in ("cpu",):
+        return 0, "CPU"
+    if device in ("gpu", "cuda", "vulkan", "metal", "rocm"):
+        if not gpu:
+            raise DeviceNotFoundError(
+                f"device {config.device!r} was asked for, but this llama-cpp-python build has no GPU support; "
+                f"present: {', '.join(available_devices())}. Use --device cpu, or reinstall llama-cpp-python "
+                "with CMAKE_ARGS=-DGGML_CUDA=on (or Vulkan/Metal)."
+            )
+        return config.n_gpu_layers, "GPU"
+    if device == "auto":
+        return (config.n_gpu_layers, "GPU") if gpu else (0, "CPU")
+    raise DeviceNotFoundError(f"unknown device {config.device!r} for llama.cpp; use auto, cpu or gpu")

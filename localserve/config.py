@@ -1,0 +1,29 @@
+"""Server settings: one dataclass, filled from CLI flags and `LOCALSERVE_*`
+environment variables (flags win)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_PORT = 8400
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    models: list[str] = field(default_factory=lambda: [DEFAULT_MODEL])  # ID, PATH or ID=PATH
+    api_key: str | None = None
+    max_queue: int = 256  # waiting requests per model before 503
+    parallel: int = 8  # sequences decoded together per model
+    ctx_size: int = 4096  # longest sequence per slot
+    kv_size: int = 0  # KV cells per model (0: auto)
+    batch_tokens: int = 512  # token budget of one step
+    threads: int = 0  # 0: all cores
+    device: str = "auto"
+    allow_hosts: list[str] = field(default_factory=list)  # extra Host header names
+    cors_origins: list[str] = field(default_factory=list)  # extra allowed origins
+    max_body_bytes: int = 32 * 1024 * 1024
+    aging_s: float = 30.0
+    shutdown_timeout_s: float = 10.0

