@@ -27,3 +27,5 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024
     aging_s: float = 30.0
     shutdown_timeout_s: float = 10.0
+    max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
+    max_audio_seconds: float = 3600.0  # longer audio gets 400

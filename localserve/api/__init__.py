@@ -1,0 +1,1 @@
+"""The HTTP API: OpenAI-compatible routes on aiohttp (see `localserve.api.app`)."""

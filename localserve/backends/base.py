@@ -4,11 +4,14 @@ the tokens the scheduler chose; it never decides what runs."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from localserve.engine.types import Capacity, StepBatch, StepResult
+
+ItemT = TypeVar("ItemT")
+OutputT = TypeVar("OutputT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +100,36 @@ class GenerativeBackend(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class OneShotBackend(ABC, Generic[ItemT, OutputT]):
+    """A model that answers each item in one call: embeddings, speech
+    recognition, reranking. Driven by `engine.batcher.Batcher`.
+
+    Only the batcher's thread calls `run`, so implementations need no locks.
+    `item_size` and `group_key` may be called from any thread.
+    """
+
+    #: True when `run` packs items without padding (llama.cpp's ragged batch):
+    #: then the batcher never splits a dispatch into length groups.
+    padding_free: bool = False
+
+    @abstractmethod
+    def run(self, items: Sequence[ItemT]) -> list[OutputT]:
+        """One output per item, in the items' order."""
+
+    def item_size(self, item: ItemT) -> int:
+        """The cost of one item in the unit of `max_batch_tokens` (tokens,
+        audio frames); also what length grouping sorts by."""
+        return 1
+
+    def group_key(self, item: ItemT) -> Hashable:
+        """Items with different keys never share a `run` call (e.g. Whisper
+        language/task/prompt)."""
+        return None
+
+    @abstractmethod
+    def info(self) -> BackendInfo: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free native resources; the backend is not used afterwards."""

@@ -126,13 +126,15 @@ class Engine:
         model.worker.start()
         self._models[model_id] = model
 
-    async def remove_model(self, model_id: str) -> None:
-        """Stop a model's worker (in-flight requests end with an error) and close it."""
+    async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
+        """Stop a model's worker (in-flight requests end with an error) and
+        close its backend (unless the caller keeps it for another engine)."""
         model = self._models.pop(model_id, None)
         if model is None:
             raise ModelNotFoundError(f"model {model_id!r} is not loaded")
         await asyncio.to_thread(model.worker.stop)
-        await asyncio.to_thread(model.backend.close)
+        if close_backend:
+            await asyncio.to_thread(model.backend.close)
 
     async def close(self) -> None:
         for model_id in list(self._models):

@@ -30,15 +30,15 @@ class OutputText:
         self._held += self._decoder.decode(piece)
         if not self._stops:
             return self._emit(len(self._held))
-        # A stop string may end in this piece and begin in held text.
-        for stop in self._stops:
-            index = self._held.find(stop)
-            if index != -1:
-                self.stopped_by = stop
-                delta = self._held[:index]
-                self._held = ""
-                self.text += delta
-                return delta
+        # A stop string may end in this piece and begin in held text. The
+        # earliest match wins: no text after any stop string may be emitted.
+        matches = [(index, stop) for stop in self._stops if (index := self._held.find(stop)) != -1]
+        if matches:
+            index, self.stopped_by = min(matches)
+            delta = self._held[:index]
+            self._held = ""
+            self.text += delta
+            return delta
         return self._emit(len(self._held) - self._partial_stop_len())
 
     def flush(self) -> str:

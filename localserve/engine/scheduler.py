@@ -161,7 +161,7 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         """Choose the next step's KV edits and token chunks."""
         plan = _StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
-        for seq in sorted(self._running, key=_order):
+        for seq in sorted(self._running, key=_decode_first):
             if seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
                 self._schedule_running(seq, plan)
         for seq in sorted(self._waiting, key=_order):
@@ -236,7 +236,9 @@ class Scheduler:
             assert slot is not None
         num_reused = self._reuse_prefix(seq, slot, plan)
         num_new = min(seq.num_tokens - num_reused, plan.budget)
-        while not self._make_kv_room(num_new, plan, protect=None, keep=slot):
+        # Room for all its tokens, not just this chunk: a sequence admitted
+        # without it is preempted again before its prompt is done (thrashing).
+        while not self._make_kv_room(seq.num_tokens - num_reused, plan, protect=None, keep=slot):
             victim = self._victim(seq)
             if victim is None:
                 return False  # the trimmed slot stays free, its prefix cached
@@ -301,7 +303,7 @@ class Scheduler:
                 continue
             if protect is None:
                 return False
-            victims = [s for s in self._running if s is not protect and s.deadline > protect.deadline]
+            victims = [s for s in self._running if s is not protect and _order(s) > _order(protect)]
             if not victims:
                 return False
             self._preempt(max(victims, key=_order), plan, keep_cache=False)
@@ -413,6 +415,12 @@ class Scheduler:
 
 def _order(seq: Sequence) -> tuple[float, float, int]:
     return (seq.deadline, seq.arrival_time, seq.seq_id)
+
+
+def _decode_first(seq: Sequence) -> tuple[bool, float, float, int]:
+    """Running sequences with one token to feed go before those still
+    computing a prompt, so a long prompt never stalls others' decoding."""
+    return (seq.num_tokens - seq.num_computed_tokens > 1, *_order(seq))
 
 
 class _StepPlan:

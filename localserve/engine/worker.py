@@ -94,10 +94,14 @@ class StepWorker:
 
     def _run(self) -> None:
         try:
+            # The scheduler starts with empty slots; make the KV cache agree.
+            self.backend.clear_slots(range(self.scheduler.capacity.max_num_seqs))
             while self._drain_inbox(block=not self.scheduler.has_work()):
                 if self.scheduler.has_work():
                     self._step()
-                self._publish_snapshot()
+                # Before blocking on an empty inbox, publish the idle state, or
+                # readers would see finished requests as running.
+                self._publish_snapshot(force=not self.scheduler.has_work())
         except BaseException as exc:  # never leave callers hanging
             self.crashed = exc
             log.exception("step loop of %s crashed", self._thread.name)

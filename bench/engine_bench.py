@@ -1,0 +1,128 @@
+"""Aggregate decode throughput of the engine against a raw llama.cpp loop.
+
+Both run in this process, with the same llama-cpp-python build, the same
+model, threads and batch sizes:
+
+* raw: one context, N sequences prefilled with the same-length prompts, then
+  a plain loop of `llama_decode` over N tokens + greedy sampling per sequence.
+* engine: N requests submitted at once to localserve's Engine (scheduler +
+  step thread + asyncio dispatch), greedy, fixed output length.
+
+Decode tok/s counts only the window where all N sequences are decoding.
+
+    python bench/engine_bench.py [--model PATH] [--sizes 1,4,8,16] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import time
+
+import llama_cpp
+
+from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig, _init_llama
+from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.types import GenerateRequest, SamplingParams
+from localserve.models.registry import resolve
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. "
+
+
+def prompt_tokens(tokenizer, n: int, i: int) -> list[int]:  # type: ignore[no-untyped-def]
+    base = tokenizer.encode(f"{i}: " + PROMPT * 20, add_special=False)
+    return base[:n]
+
+
+def raw_decode_tps(model_path: str, n_seqs: int, n_prompt: int, n_gen: int, threads: int) -> float:
+    _init_llama()
+    mparams = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = max(n_seqs * (n_prompt + n_gen + 8), 1024)
+    cparams.n_batch = 512
+    cparams.n_ubatch = 512
+    cparams.n_seq_max = max(n_seqs, 1)
+    cparams.kv_unified = True
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.no_perf = True
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    from localserve.backends.llamacpp_tokenizer import LlamaTokenizer
+
+    tok = LlamaTokenizer(model)
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+    chains = [llama_cpp.llama_sampler_init_greedy() for _ in range(n_seqs)]
+    last = []
+    for s in range(n_seqs):  # prefill one sequence per decode call
+        toks = prompt_tokens(tok, n_prompt, s)
+        for k, t in enumerate(toks):
+            batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = t, k, 1, 0
+            batch.seq_id[k][0] = s
+        batch.logits[len(toks) - 1] = 1
+        batch.n_tokens = len(toks)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        last.append(llama_cpp.llama_sampler_sample(chains[s], ctx, len(toks) - 1))
+    started = time.perf_counter()
+    for step in range(n_gen):
+        for s in range(n_seqs):
+            batch.token[s], batch.pos[s], batch.n_seq_id[s], batch.logits[s] = last[s], n_prompt + step, 1, 1
+            batch.seq_id[s][0] = s
+        batch.n_tokens = n_seqs
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        last = [llama_cpp.llama_sampler_sample(chains[s], ctx, s) for s in range(n_seqs)]
+    elapsed = time.perf_counter() - started
+    for c in chains:
+        llama_cpp.llama_sampler_free(c)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return n_seqs * n_gen / elapsed
+
+
+async def engine_decode_tps(backend: LlamaCppBackend, n_seqs: int, n_prompt: int, n_gen: int) -> float:
+    engine = Engine(EngineConfig())
+    engine.add_model("m", backend)
+    tok = backend.tokenizer()
+    params = SamplingParams(max_tokens=n_gen, temperature=0.0, ignore_eos=True)
+    stamps: list[list[float]] = [[] for _ in range(n_seqs)]
+
+    async def one(i: int) -> None:
+        request = GenerateRequest(f"bench-{n_seqs}-{i}-{time.monotonic_ns()}", prompt_tokens(tok, n_prompt, i), params)
+        async for event in engine.submit("m", request):
+            stamps[i].extend([time.perf_counter()] * len(event.token_ids))
+
+    await asyncio.gather(*(one(i) for i in range(n_seqs)))
+    await engine.remove_model("m", close_backend=False)
+    window_start = max(s[0] for s in stamps)  # every sequence is decoding from here
+    window_end = min(s[-1] for s in stamps)  # ... until the first one ends
+    tokens = sum(sum(1 for t in s if window_start < t <= window_end) for s in stamps)
+    return tokens / max(window_end - window_start, 1e-9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="GGUF path (default: smollm2-135m-instruct)")
+    parser.add_argument("--sizes", default="1,4,8,16", help="concurrent sequences, comma-separated")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128, help="generated tokens per sequence")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    path = args.model or str(resolve("smollm2-135m-instruct").path)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    config = LlamaCppConfig(model_path=path, n_ctx=2048, parallel=max(sizes), n_threads=args.threads,
+                            kv_tokens=max(sizes) * (args.prompt_tokens + args.tokens + 64))
+    backend = LlamaCppBackend(config)
+    print(f"model {path}\nthreads {args.threads}, prompt {args.prompt_tokens}, generated {args.tokens}\n")
+    print("| seqs | raw llama_decode tok/s | engine tok/s | engine / raw |")
+    print("|---:|---:|---:|---:|")
+    for n in sizes:
+        raw = raw_decode_tps(path, n, args.prompt_tokens, args.tokens, args.threads)
+        eng = asyncio.run(engine_decode_tps(backend, n, args.prompt_tokens, args.tokens))
+        print(f"| {n} | {raw:.1f} | {eng:.1f} | {eng / raw:.2f} |", flush=True)
+    backend.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""`python -m localserve` runs the command line."""
+
+from localserve.cli import main
+
+raise SystemExit(main())

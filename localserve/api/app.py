@@ -1,0 +1,155 @@
+"""The aiohttp application: routes, middlewares and the models' lifecycle.
+
+Routes (every OpenAI route under both `/v1` and `/api/v1`):
+
+* `GET  models`, `GET models/{id}`, `POST chat/completions`, `POST completions`
+* `GET  /health` - 503 `{"status": "loading"}` until the start-up models are
+  loaded, then 200 `{"status": "ok"}`; 503 `{"status": "error"}` if one failed
+* `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
+  answer's `id`, also sent as the `X-Request-Id` header)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from localserve.api import audio, embeddings
+from localserve.api.chat import chat_completions
+from localserve.api.completions import completions
+from localserve.api.generation import request_ids
+from localserve.api.middleware import auth_middleware, error_middleware
+from localserve.api.schemas import MAX_CHOICES, MAX_PROMPTS
+from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
+from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState, engine_of, require_model
+from localserve.api.stats import register_stats_routes
+from localserve.config import ServerSettings
+from localserve.errors import LocalServeError, NotFoundError
+from localserve.models.registry import LoadedModel, ModelManager, resolve
+
+log = logging.getLogger(__name__)
+
+API_PREFIXES = ("/v1", "/api/v1")
+
+
+def create_app(settings: ServerSettings, manager: ModelManager) -> web.Application:
+    """The API server for `manager`'s engine; loads `settings.models` in the
+    background once the server runs, and closes the engine on shutdown."""
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[
+            error_middleware,  # outermost: whatever fails below becomes an envelope
+            host_middleware(settings),
+            cors_middleware(settings),  # before auth: preflights carry no key
+            auth_middleware(settings.api_key),
+        ],
+    )
+    app[SETTINGS] = settings
+    app[MANAGER] = manager
+    app[STATE] = ApiState()
+    app.on_response_prepare.append(cors_response_headers(settings))
+    app.cleanup_ctx.append(_models_lifecycle)
+    for prefix in API_PREFIXES:
+        app.router.add_get(f"{prefix}/models", list_models)
+        app.router.add_get(f"{prefix}/models/{{model_id}}", get_model)
+        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
+        app.router.add_post(f"{prefix}/completions", completions)
+    app.router.add_post("/api/v1/requests/{request_id}/cancel", cancel_request)
+    app.router.add_get("/health", health)
+    register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
+    embeddings.register(app)  # /v1/embeddings
+    audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
+    return app
+
+
+# ---- lifecycle ---------------------------------------------------------------------
+
+
+async def _models_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    # In the background, so the server answers (/health: loading) at once.
+    state.loader = asyncio.create_task(_load_models(app), name="localserve-load-models")
+    yield
+    if not state.loader.done():
+        state.loader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await state.loader
+    await app[MANAGER].engine.close()
+
+
+async def _load_models(app: web.Application) -> None:
+    manager, state = app[MANAGER], app[STATE]
+    for name in app[SETTINGS].models:
+        try:
+            loaded = await manager.load(resolve(name))
+        except LocalServeError as exc:
+            state.load_errors[name] = exc.message
+            log.error("could not load model %s: %s", name, exc.message)
+        except Exception as exc:  # a bug or a native failure: report it, keep serving the rest
+            state.load_errors[name] = str(exc)
+            log.exception("could not load model %s", name)
+        else:
+            log.info("model %s ready (%s, %.1f s)", loaded.spec.model_id, loaded.spec.path, loaded.load_seconds)
+
+
+# ---- handlers ----------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness and readiness (no API key needed)."""
+    state = request.app[STATE]
+    if state.loading:
+        return web.json_response({"status": "loading"}, status=503)
+    if state.load_errors:
+        return web.json_response({"status": "error", "errors": state.load_errors}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+def _model_object(model_id: str, loaded: LoadedModel, request: web.Request) -> dict[str, Any]:
+    capacity = engine_of(request).capacity(model_id)
+    info = loaded.backend.info()
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(loaded.loaded_at),
+        "owned_by": "localserve",
+        "meta": {
+            "backend": info.backend,
+            "device": info.device,
+            "architecture": info.architecture,
+            "num_params": info.num_params,
+            "n_ctx": capacity.n_ctx,
+            "n_ctx_train": info.n_ctx_train,
+            "max_num_seqs": capacity.max_num_seqs,
+            "labels": list(loaded.spec.labels),
+        },
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """`GET /v1/models`: the loaded models."""
+    manager = request.app[MANAGER]
+    data = [_model_object(model_id, loaded, request) for model_id, loaded in list(manager.loaded.items())]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: one loaded model, or 404."""
+    model_id = require_model(request, request.match_info["model_id"])
+    return web.json_response(_model_object(model_id, request.app[MANAGER].loaded[model_id], request))
+
+
+async def cancel_request(request: web.Request) -> web.Response:
+    """Stop an answer: its single request, or every choice `ID-i` of it."""
+    answer_id = request.match_info["request_id"]
+    engine = engine_of(request)
+    candidates = [answer_id, *request_ids(answer_id, MAX_CHOICES * MAX_PROMPTS)]
+    num_cancelled = sum(engine.abort(request_id) for request_id in candidates)
+    if not num_cancelled:
+        raise NotFoundError(f"no running request with id {answer_id!r}", param="id")
+    return web.json_response({"id": answer_id, "object": "request.cancelled", "num_cancelled": num_cancelled})

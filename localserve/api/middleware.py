@@ -1,0 +1,156 @@
+"""Errors and authentication: every failure leaves as an OpenAI error envelope.
+
+`error_middleware` is the outermost middleware. It maps, once:
+
+* `LocalServeError` -> its own status (503 `QueueFullError` adds `Retry-After`);
+* pydantic `ValidationError` -> 400 with `param` set to the field's path;
+* aiohttp's HTTP errors (unknown route 404, wrong method 405, body too large
+  413, ...) -> the same status in the envelope;
+* anything else -> 500, logged with its traceback; the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from localserve.api.state import SETTINGS
+from localserve.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    LocalServeError,
+    NotFoundError,
+    PayloadTooLargeError,
+    QueueFullError,
+)
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Routes that answer without an API key (liveness probes).
+PUBLIC_PATHS = frozenset({"/health"})
+
+# pydantic names the members of a union in an error's location ("str",
+# "list[str]", "function-after[...]"); they are not part of the field path.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|dict|list|bytes)$|[\[\-]")
+
+
+def error_response(exc: LocalServeError) -> web.Response:
+    """The OpenAI error envelope for `exc`, with its status."""
+    response = web.json_response(exc.envelope(), status=exc.status)
+    if isinstance(exc, QueueFullError):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    elif exc.status == 503:  # loading or restarting: worth a retry soon
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def field_path(loc: tuple[int | str, ...]) -> str | None:
+    """`("messages", 0, "content")` -> `"messages[0].content"`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _UNION_TAG.search(part):
+            path += f".{part}" if path else part
+    return path or None
+
+
+def from_validation_error(exc: ValidationError) -> InvalidRequestError:
+    """The first problem of a pydantic error, as a readable 400."""
+    first = exc.errors(include_url=False)[0]
+    param = field_path(tuple(first["loc"]))
+    if first["type"] == "missing":
+        return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
+    detail = str(first["msg"]).removeprefix("Value error, ")
+    message = f"Invalid value for '{param}': {detail}" if param else f"Invalid request: {detail}"
+    return InvalidRequestError(message, param=param)
+
+
+def from_http_error(exc: web.HTTPException, request: web.Request) -> LocalServeError:
+    """aiohttp's own HTTP errors, in our error types."""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        limit = request.app[SETTINGS].max_body_bytes
+        return PayloadTooLargeError(f"The request body is larger than the limit of {limit} bytes.")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFoundError(f"Unknown route: {request.method} {request.path}")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        error = LocalServeError(f"Method {request.method} is not allowed on {request.path}; use {allowed}.")
+        error.status, error.type, error.code = 405, "invalid_request_error", "method_not_allowed"
+        return error
+    error = LocalServeError(exc.text or exc.reason)
+    error.status = exc.status
+    error.type = "invalid_request_error" if exc.status < 500 else "server_error"
+    return error
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every failure into the OpenAI envelope; never let one escape."""
+    try:
+        return await handler(request)
+    except LocalServeError as exc:
+        return error_response(exc)
+    except ValidationError as exc:
+        return error_response(from_validation_error(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are answers, not errors
+        response = error_response(from_http_error(exc, request))
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client went away: nobody to answer
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        error = LocalServeError("The server had an unexpected error while processing your request.")
+        return error_response(error)
+
+
+def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Require `Authorization: Bearer <api_key>` on every route but /health."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not api_key or request.path in PUBLIC_PATHS:  # an empty key (unset env var) means none
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise AuthenticationError(
+                "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'."
+            )
+        # Constant-time comparison: the key must not leak through timing.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise AuthenticationError("Incorrect API key provided.")
+        return await handler(request)
+
+    return middleware
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    """Read and validate a JSON body (400 for bad JSON, 413 for too big)."""
+    raw = await request.read()
+    if not raw.strip():
+        raise InvalidRequestError("The request body is empty; send a JSON object.")
+    try:
+        data: Any = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidRequestError(
+            f"We could not parse the JSON body of your request ({exc}). Send valid JSON with Content-Type: application/json."
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    return model.model_validate(data)

@@ -1,0 +1,226 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated at the edge.
+
+Unknown fields are accepted and ignored, as OpenAI's API does, so clients
+that send newer parameters keep working. Fields that would change the answer
+in a way this server cannot honour (image parts, `suffix`, `echo` with
+`logprobs`) are refused with a 400 that names them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from localserve.engine.types import parse_priority
+
+MAX_STOP = 16
+MAX_CHOICES = 16
+MAX_PROMPTS = 256
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Model):
+    name: str = "response"
+    description: str | None = None
+    # `schema` shadows a BaseModel attribute, hence the alias.
+    schema_: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object with a 'schema'")
+        return self
+
+
+def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+    """Join text parts; refuse parts this text-only server cannot read."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "text":
+            raise ValueError("a content part of type 'text' needs a string 'text'")
+        else:
+            raise ValueError(f"content parts of type {kind!r} are not supported: this server's models read text only")
+    return "".join(texts)
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _check_parts(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        _text_of(value)  # raise early, with the field path in the error
+        return value
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (plain string content)."""
+        # Templates know "system"; OpenAI's newer "developer" role means the same.
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": _text_of(self.content)}
+        if self.name:
+            message["name"] = self.name
+        return message
+
+
+class SamplingFields(_Model):
+    """Parameters shared by chat and legacy completions."""
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: Probability | None = None
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: Probability | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    logit_bias: dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    priority: float | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        return value
+
+    @field_validator("priority")
+    @classmethod
+    def _check_priority(cls, value: float | str | None) -> float | str | None:
+        parse_priority(value)  # ValueError -> 400 naming `priority`
+        return value
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(SamplingFields):
+    """Body of `POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _check_top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        # max_completion_tokens is OpenAI's newer name and wins when both are given.
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+_PROMPT_SHAPES = "prompt must be a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class CompletionRequest(SamplingFields):
+    """Body of the legacy `POST /v1/completions`."""
+
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> Any:
+        # One clear message instead of one error per member of the union.
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not value:
+            raise ValueError(_PROMPT_SHAPES if value != [] else "the prompt list is empty")
+        if all(_is_token_id(item) for item in value):
+            return value
+        if all(isinstance(item, str) for item in value) or all(
+            isinstance(item, list) and all(_is_token_id(t) for t in item) for item in value
+        ):
+            if len(value) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts are allowed in one request")
+            return value
+        raise ValueError(_PROMPT_SHAPES)
+
+    @field_validator("suffix")
+    @classmethod
+    def _check_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix (fill-in-the-middle) is not supported on /v1/completions; use /infill")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _check_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("echo"):
+            raise ValueError("echo together with logprobs is not supported (prompt log-probabilities are not computed)")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _check_best_of(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("best_of is not supported unless it equals n")
+        return value
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts (text or token ids)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(item, int) for item in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]

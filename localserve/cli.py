@@ -1,0 +1,564 @@
+"""The `localserve` command line: `serve`, `run`, `list`.
+
+Every `serve` option can also come from a `LOCALSERVE_*` environment variable
+(flags win). Heavy modules (llama.cpp, aiohttp, the server) are imported only
+inside the command that needs them, so `--help` stays fast.
+
+To add a subcommand, write one `add_<name>_command(subparsers)` function that
+creates its parser and sets `handler`, and append it to `COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localserve import __version__
+from localserve.config import ServerSettings
+from localserve.errors import LocalServeError
+
+ENV_PREFIX = "LOCALSERVE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEVICES = ("auto", "cpu", "gpu")
+DEFAULT_URL = "http://127.0.0.1:8400"
+
+
+class CliError(Exception):
+    """A user mistake or missing prerequisite: one line on stderr, exit 1."""
+
+
+# ---- option table (flag -> ServerSettings field -> LOCALSERVE_* variable) -----
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return convert
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"choose one of {', '.join(choices)}; got {text!r}")
+        return text.lower()
+
+    return convert
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One `serve` option: its flag, the settings field it fills, how to parse it."""
+
+    flag: str
+    field: str  # a ServerSettings field, or "" for a CLI-only option
+    convert: Callable[[str], Any]
+    help: str
+    metavar: str
+    repeat: bool = False  # flag may be given several times; env var is comma-separated
+    default: Any = None  # only for CLI-only options; settings fields take the dataclass default
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.flag.lstrip("-").upper().replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option("--host", "host", str, "address to listen on; 0.0.0.0 opens the server to your network", "ADDR"),
+    Option("--port", "port", _port, "TCP port to listen on", "N"),
+    Option(
+        "--model",
+        "models",
+        str,
+        "model to serve: a built-in ID (see `localserve list`), a PATH to a .gguf file (served under its "
+        "file stem), or ID=PATH; repeat to serve several",
+        "ID_OR_PATH",
+        repeat=True,
+    ),
+    Option("--api-key", "api_key", str, "require `Authorization: Bearer KEY` on every route but /health", "KEY"),
+    Option("--max-queue", "max_queue", _int_at_least(0), "waiting requests per model before 503 + Retry-After", "N"),
+    Option("--parallel", "parallel", _int_at_least(1), "sequences decoded together per model (KV slots)", "N"),
+    Option("--ctx-size", "ctx_size", _int_at_least(16), "longest sequence (prompt + output) in tokens", "N"),
+    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells shared by all slots of a model; 0 = auto", "N"),
+    Option("--batch-tokens", "batch_tokens", _int_at_least(1), "token budget of one engine step", "N"),
+    Option("--threads", "threads", _int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
+    Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),
+    Option(
+        "--allow-host",
+        "allow_hosts",
+        str,
+        "extra Host header name to accept (DNS-rebinding guard)",
+        "NAME",
+        repeat=True,
+    ),
+    Option("--cors-origin", "cors_origins", str, "extra browser origin allowed by CORS", "ORIGIN", repeat=True),
+    Option("--max-body-bytes", "max_body_bytes", _int_at_least(1), "largest request body; larger gets 413", "N"),
+    Option("--aging", "aging_s", _non_negative, "seconds of waiting that raise a request by one priority level", "S"),
+    Option("--shutdown-timeout", "shutdown_timeout_s", _non_negative, "seconds to let requests finish on exit", "S"),
+    Option("--log-level", "", _choice(LOG_LEVELS), f"logging level: {', '.join(LOG_LEVELS)}", "LEVEL", default="info"),
+)
+
+
+def _default_of(option: Option) -> Any:
+    if not option.field:
+        return option.default
+    return getattr(ServerSettings(), option.field)
+
+
+def _describe_default(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Add `options` to `parser`; defaults stay None so env vars can fill the gaps."""
+    for option in options:
+        help_text = f"{option.help} (env {option.env}; default: {_describe_default(_default_of(option))})"
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            type=option.convert,
+            metavar=option.metavar,
+            action="append" if option.repeat else "store",
+            default=None,
+            help=help_text,
+        )
+
+
+def resolve_options(args: argparse.Namespace, options: Sequence[Option], env: Mapping[str, str]) -> dict[str, Any]:
+    """Flag if given, else the env var if set and not empty, else the default; keyed by dest."""
+    values: dict[str, Any] = {}
+    for option in options:
+        value = getattr(args, option.dest)
+        if value is None and env.get(option.env, "").strip():
+            raw = env[option.env].strip()
+            try:
+                if option.repeat:
+                    value = [option.convert(part.strip()) for part in raw.split(",") if part.strip()]
+                else:
+                    value = option.convert(raw)
+            except argparse.ArgumentTypeError as exc:
+                raise CliError(f"{option.env}={raw!r}: {exc}") from None
+        values[option.dest] = _default_of(option) if value is None else value
+    return values
+
+
+def build_serve_settings(values: Mapping[str, Any]) -> ServerSettings:
+    fields = {option.field: values[option.dest] for option in SERVE_OPTIONS if option.field}
+    return ServerSettings(**fields)
+
+
+def settings_from_args(argv: Sequence[str], env: Mapping[str, str]) -> ServerSettings:
+    """ServerSettings from `serve` arguments (with or without the leading
+    "serve") and an environment mapping. Starts nothing; flags win over env."""
+    argv = list(argv)
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="localserve serve")
+    add_options(parser, SERVE_OPTIONS)
+    return build_serve_settings(resolve_options(parser.parse_args(argv), SERVE_OPTIONS, env))
+
+
+# ---- serve ------------------------------------------------------------------
+
+
+def add_serve_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="start the OpenAI-compatible HTTP server",
+        description="Serve one or more models over an OpenAI-compatible API (/v1 and /api/v1). "
+        "Every option can also be set with the LOCALSERVE_* environment variable named in its help; "
+        "a flag wins over the variable. List values (--model, --allow-host, --cors-origin) are "
+        "comma-separated in the environment.",
+    )
+    add_options(parser, SERVE_OPTIONS)
+    parser.set_defaults(handler=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    values = resolve_options(args, SERVE_OPTIONS, os.environ)
+    settings = build_serve_settings(values)
+    setup_logging(values["log_level"])
+    check_models(settings.models)
+    check_port_free(settings.host, settings.port)
+    from localserve.server import serve  # heavy: aiohttp, the engine
+
+    try:
+        serve(settings)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(port_in_use_message(settings.host, settings.port)) from None
+        raise
+    return 0
+
+
+def check_models(models: Sequence[str]) -> None:
+    """Resolve every --model now, so a typo fails before anything starts."""
+    from localserve.models.registry import resolve
+
+    if not models:
+        raise CliError("no model to serve: pass --model ID_OR_PATH or set LOCALSERVE_MODEL")
+    seen: dict[str, str] = {}
+    for text in models:
+        spec = resolve(text)
+        if spec.model_id in seen:
+            raise CliError(
+                f"two models would be served as {spec.model_id!r} ({seen[spec.model_id]!r} and {text!r}); "
+                "name one with --model ID=PATH"
+            )
+        seen[spec.model_id] = text
+
+
+def port_in_use_message(host: str, port: int) -> str:
+    return (
+        f"port {port} on {host} is already in use (another localserve?): stop that process, "
+        "or pick another port with --port N / LOCALSERVE_PORT"
+    )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail early with a clear message if `host:port` cannot be bound."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(
+            f"cannot resolve --host {host!r} ({exc.strerror}): use an IP address such as 127.0.0.1"
+        ) from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise CliError(port_in_use_message(host, port)) from None
+                raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host") from None
+
+
+# ---- run --------------------------------------------------------------------
+
+RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device"))
+
+
+def add_run_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="generate once in the terminal, streaming (no server)",
+        description="Load MODEL in this process, generate a reply to PROMPT and stream it to stdout; "
+        "a stats line goes to stderr. The prompt goes through the model's chat template unless --raw.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a built-in ID, a PATH to a .gguf file, or ID=PATH")
+    parser.add_argument("prompt", metavar="PROMPT", help='the prompt text; "-" reads it from stdin')
+    parser.add_argument(
+        "--max-tokens", type=_int_at_least(1), default=256, metavar="N", help="most tokens to generate (default: 256)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=_non_negative,
+        default=0.8,
+        metavar="T",
+        help="sampling temperature; 0 = greedy (default: 0.8)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="sampling seed, for repeatable output (default: random)"
+    )
+    parser.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="a system message before the prompt, ignored with --raw (default: none)",
+    )
+    parser.add_argument(
+        "--raw", action="store_true", help="send PROMPT as is, without the chat template (plain completion)"
+    )
+    add_options(parser, RUN_OPTIONS)
+    parser.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    values = resolve_options(args, RUN_OPTIONS, os.environ)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    settings = ServerSettings(
+        models=[args.model], parallel=1, ctx_size=values["ctx_size"], threads=values["threads"], device=values["device"]
+    )
+    return asyncio.run(_generate(args, prompt, settings))
+
+
+async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
+    from localserve.engine.engine import Engine
+    from localserve.engine.types import GenerateRequest, SamplingParams
+    from localserve.models.registry import ModelManager, resolve
+
+    spec = resolve(args.model)
+    engine = Engine()
+    try:
+        loaded = await ModelManager(engine, settings).load(spec)
+        tokenizer = engine.tokenizer(spec.model_id)
+        text = prompt if args.raw else render_chat(tokenizer, prompt, args.system)
+        # A template that writes the BOS token itself must not get a second one.
+        add_special = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        request_id = engine.new_request_id("run")
+        request = GenerateRequest(request_id, tokenizer.encode(text, add_special=add_special), sampling)
+        stats = await _stream_to_stdout(engine.submit(spec.model_id, request))
+    finally:
+        await engine.close()
+    if stats.error:
+        raise CliError(f"generation failed: {stats.error}")
+    print(stats.summary(loaded.load_seconds), file=sys.stderr)
+    return 0
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What `localserve run` reports on stderr when it is done."""
+
+    started: float
+    first_token_at: float = 0.0
+    finished: float = 0.0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    finish_reason: str = ""
+    error: str | None = None
+
+    def summary(self, load_s: float) -> str:
+        decode_s = self.finished - self.first_token_at if self.first_token_at else 0.0
+        # The first token comes from the prefill; the rate counts the tokens decoded after it.
+        rate = (self.num_output_tokens - 1) / decode_s if self.num_output_tokens > 1 and decode_s > 0 else 0.0
+        ttft = self.first_token_at - self.started if self.first_token_at else 0.0
+        return (
+            f"[{self.num_output_tokens} tokens, {rate:.1f} tok/s | prompt {self.num_prompt_tokens} tokens, "
+            f"first token after {ttft:.2f} s | model load {load_s:.2f} s | finish: {self.finish_reason}]"
+        )
+
+
+async def _stream_to_stdout(stream: Any) -> RunStats:
+    stats = RunStats(started=time.monotonic())
+    async for event in stream:
+        if event.token_ids and not stats.first_token_at:
+            stats.first_token_at = time.monotonic()
+        if event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        if event.finished:
+            stats.num_prompt_tokens = event.num_prompt_tokens
+            stats.num_output_tokens = event.num_output_tokens
+            stats.finish_reason = event.finish_reason.value
+            stats.error = event.error
+    stats.finished = time.monotonic()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return stats
+
+
+def render_chat(tokenizer: Any, prompt: str, system: str | None) -> str:
+    from localserve.backends.chat_template import ChatTemplate
+
+    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return template.render(messages, add_generation_prompt=True)
+
+
+# ---- list -------------------------------------------------------------------
+
+
+def add_list_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "list",
+        help="show known models, whether they are installed, and which a server has loaded",
+        description="List the built-in models (id, labels, installed or not, path, size) and, when a server "
+        "answers at --url, the models it has loaded (GET /v1/models).",
+    )
+    parser.add_argument(
+        "--url", default=None, metavar="URL", help=f"server to ask (env LOCALSERVE_URL; default: {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(handler=cmd_list)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    url = (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/")
+    api_key = args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None
+    rows = builtin_rows()
+    loaded, server_note = fetch_loaded(url, api_key)
+    for row in rows:
+        row["loaded"] = loaded is not None and row["id"] in loaded
+    if args.json:
+        print(json.dumps({"models": rows, "server": url, "loaded": loaded, "server_note": server_note}, indent=2))
+        return 0
+    print(f"{'ID':<28} {'LABELS':<12} {'INSTALLED':<10} {'SIZE':>8}  PATH")
+    for row in rows:
+        size = f"{row['size_bytes'] / 1e6:.0f} MB" if row["size_bytes"] else "-"
+        installed = "yes" if row["installed"] else "no"
+        print(f"{row['id']:<28} {','.join(row['labels']):<12} {installed:<10} {size:>8}  {row['path'] or row['note']}")
+    print()
+    print(server_note if loaded is None else f"loaded at {url}: {', '.join(loaded) or 'none'}")
+    return 0
+
+
+def builtin_rows() -> list[dict[str, Any]]:
+    from localserve.models.registry import BUILTIN_MODELS, builtin_path
+
+    rows = []
+    for model_id, model in sorted(BUILTIN_MODELS.items()):
+        row: dict[str, Any] = {
+            "id": model_id,
+            "labels": list(model.labels),
+            "installed": False,
+            "path": None,
+            "size_bytes": 0,
+            "note": "",
+        }
+        try:
+            path = builtin_path(model)
+            row.update(installed=True, path=str(path), size_bytes=path.stat().st_size)
+        except LocalServeError:
+            row["note"] = f"not installed: {model.install_hint}"
+        rows.append(row)
+    return rows
+
+
+def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple[list[str] | None, str]:
+    """Model ids loaded at `url`, or None and why not."""
+    request = urllib.request.Request(f"{url}/v1/models", headers={"Accept": "application/json"})
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = json.load(response)
+        return [str(item["id"]) for item in body.get("data", [])], ""
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            return None, f"the server at {url} wants an API key: pass --api-key or set LOCALSERVE_API_KEY"
+        return None, f"the server at {url} answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None, f"no server answering at {url} (start one with `localserve serve`)"
+
+
+# ---- top --------------------------------------------------------------------
+
+
+def add_top_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "top",
+        help="live dashboard of a running server: queues, throughput, requests",
+        description="Watch a server's queues, throughput, KV cache and in-flight requests live "
+        "(keys: c cancel request, u unload model, p pause, s sort, q quit). Waits for the server "
+        "if it is not up yet and reconnects when it restarts.",
+    )
+    parser.add_argument(
+        "--url", default=None, metavar="URL", help=f"server to watch (env LOCALSERVE_URL; default: {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
+    )
+    parser.set_defaults(handler=cmd_top)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from localserve.tui.app import run  # heavy: textual
+
+    run(
+        (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/"),
+        args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None,
+    )
+    return 0
+
+
+# ---- main -------------------------------------------------------------------
+
+from localserve.models.convert_cli import add_convert_command  # noqa: E402 - light module
+
+COMMANDS: list[Callable[[Any], None]] = [
+    add_serve_command,
+    add_run_command,
+    add_list_command,
+    add_top_command,
+    add_convert_command,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="localserve",
+        description="A local LLM server with an OpenAI-compatible API and continuous batching.",
+        epilog="Run `localserve COMMAND --help` for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"localserve {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_command in COMMANDS:
+        add_command(subparsers)
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `localserve` script and `python -m localserve`."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("\nlocalserve: interrupted", file=sys.stderr)
+        return 130
+    except CliError as exc:
+        print(f"localserve: error: {exc}", file=sys.stderr)
+        return 1
+    except LocalServeError as exc:
+        print(f"localserve: error: {exc.message}", file=sys.stderr)
+        return 1
+    except ImportError as exc:
+        print(f"localserve: error: {exc}; install the dependencies with `make install`", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""The dynamic micro-batcher for one-shot models (embeddings, speech recognition).
+
+Callers `await batcher.submit(items)` on the event loop. One thread per model
+collects waiting items until the oldest has waited `max_wait_ms` or a
+dispatch is full (`max_batch_size` items, `max_batch_tokens` of work), takes
+them in priority order (with aging, so nobody starves), groups them by key and
+length, and calls `backend.run` once per group. Each caller gets its own
+outputs back in its own order; a group that fails fails only its callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from localserve.backends.base import OneShotBackend
+from localserve.engine.types import PRIORITY_ALIASES
+from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+ItemT = TypeVar("ItemT")
+OutputT = TypeVar("OutputT")
+
+WINDOW_S = 60.0  # how far back the recent-batch figures in stats() look
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """When a dispatch leaves, how big it may be, and how it is grouped."""
+
+    max_batch_size: int = 32  # items per dispatch
+    max_batch_tokens: int = 16384  # summed item sizes per dispatch (tokens, audio frames)
+    max_wait_ms: float = 5.0  # how long the oldest waiting item waits for company
+    max_queue: int = 256  # waiting requests before QueueFullError (503)
+    group_by_length: bool = True  # sort by size and split so padding stays small
+    max_padding: float = 0.25  # a length group closes before its padding passes this share
+    aging_s: float = 30.0  # waiting this long improves the priority by one level
+
+
+@dataclass(slots=True, eq=False)
+class _Request(Generic[OutputT]):
+    """One caller: its future, its outputs so far, and how many are missing."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[OutputT]]
+    outputs: list[Any]
+    num_missing: int
+    num_undispatched: int
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class _Entry(Generic[ItemT]):
+    request: _Request[Any]
+    index: int  # position in the request's items
+    item: ItemT
+    size: int
+    key: Hashable
+    priority: float
+    arrival: float
+    order: int  # FIFO tie-break
+
+
+@dataclass(slots=True)
+class _Totals:
+    num_requests: int = 0
+    num_items: int = 0
+    num_dispatches: int = 0
+    num_runs: int = 0
+    num_errors: int = 0  # requests failed by a backend error
+    num_rejected: int = 0  # QueueFullError
+    num_real: int = 0  # summed item sizes that went through run()
+    num_padded: int = 0  # padding slots a padded backend computed on top
+    busy_s: float = 0.0
+    recent: deque[tuple[float, int, int, int, float]] = field(default_factory=deque)  # t, items, real, padded, s
+
+
+def plan_groups(sizes: Sequence[int], *, by_length: bool, padding_free: bool, max_padding: float) -> list[list[int]]:
+    """Split one dispatch (item sizes, in dispatch order) into run() groups of
+    indices. Without length grouping, or for a padding-free backend, the
+    dispatch is one group; else items are sorted by size and a group closes
+    before adding an item would push its padding past `max_padding`."""
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i]) if by_length else list(range(len(sizes)))
+    if not by_length or padding_free:
+        return [order] if order else []
+    groups: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        size = sizes[i]  # the largest so far: sizes ascend
+        padding = (len(current) + 1) * size - (real + size)
+        if current and padding > max_padding * (real + size):
+            groups.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def padding_of(sizes: Sequence[int]) -> int:
+    """Slots a padded backend adds to run these sizes as one rectangle."""
+    return len(sizes) * max(sizes) - sum(sizes) if sizes else 0
+
+
+class Batcher(Generic[ItemT, OutputT]):
+    """Dynamic batching in front of one `OneShotBackend`, on its own thread."""
+
+    def __init__(self, name: str, backend: OneShotBackend[ItemT, OutputT], config: BatcherConfig | None = None) -> None:
+        self.name = name
+        self.backend = backend
+        self.config = config or BatcherConfig()
+        self._cond = threading.Condition()
+        self._pending: list[_Entry[ItemT]] = []
+        self._num_waiting_requests = 0
+        self._num_in_flight = 0
+        self._order = itertools.count()
+        self._totals = _Totals()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"batch-{name}", daemon=True)
+        self._thread.start()
+
+    # ---- event loop side -------------------------------------------------------
+
+    async def submit(self, items: Sequence[ItemT], *, priority: float = PRIORITY_ALIASES["default"]) -> list[OutputT]:
+        """The outputs for `items`, in their order. Raises `QueueFullError`
+        when too many requests wait, `BackendError` when a batch with one of
+        them failed, `EngineStoppedError` when the model is closing."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        request: _Request[OutputT] = _Request(loop, loop.create_future(), [None] * len(items), len(items), len(items))
+        sizes = [max(1, int(self.backend.item_size(item))) for item in items]
+        keys = [self.backend.group_key(item) for item in items]
+        now = time.monotonic()
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError(f"model {self.name!r} is shutting down")
+            if self._num_waiting_requests >= self.config.max_queue:
+                self._totals.num_rejected += 1
+                raise QueueFullError(
+                    f"model {self.name!r} has {self._num_waiting_requests} requests waiting "
+                    f"(limit {self.config.max_queue}); retry shortly",
+                    retry_after_s=1,
+                )
+            for index, item in enumerate(items):
+                entry = _Entry(request, index, item, sizes[index], keys[index], priority, now, next(self._order))
+                self._pending.append(entry)
+            self._num_waiting_requests += 1
+            self._num_in_flight += 1
+            self._totals.num_requests += 1
+            self._cond.notify()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            request.cancelled = True  # its undispatched items are dropped
+            raise
+        finally:
+            with self._cond:
+                self._num_in_flight -= 1
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the thread after the running group; waiting callers get
+        `EngineStoppedError`. Blocking: call it off the event loop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the batching thread ---------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                dispatch = self._collect()
+                if dispatch is None:
+                    break
+                self._dispatch(dispatch)
+        except BaseException as exc:  # never leave callers hanging
+            log.exception("batcher %s crashed", self.name)
+            self._fail_pending(EngineStoppedError(f"model {self.name!r} stopped: {exc}"))
+            raise
+        self._fail_pending(EngineStoppedError(f"model {self.name!r} is shutting down"))
+
+    def _collect(self) -> list[_Entry[ItemT]] | None:
+        """Wait for work, then for company, then take one dispatch in priority order."""
+        cfg = self.config
+        with self._cond:
+            while True:
+                self._drop_cancelled()
+                if self._stopping:
+                    return None
+                if not self._pending:
+                    self._cond.wait()
+                    continue
+                deadline = min(e.arrival for e in self._pending) + cfg.max_wait_ms / 1000.0
+                remaining = deadline - time.monotonic()
+                full = len(self._pending) >= cfg.max_batch_size or sum(e.size for e in self._pending) >= cfg.max_batch_tokens
+                if full or remaining <= 0:
+                    return self._take()
+                self._cond.wait(remaining)
+
+    def _take(self) -> list[_Entry[ItemT]]:
+        now = time.monotonic()
+        aging = self.config.aging_s
+
+        def rank(entry: _Entry[ItemT]) -> tuple[float, int]:
+            waited = now - entry.arrival
+            return (entry.priority - (waited / aging if aging > 0 else 0.0), entry.order)
+
+        chosen: list[_Entry[ItemT]] = []
+        num_tokens = 0
+        for entry in sorted(self._pending, key=rank):
+            if len(chosen) >= self.config.max_batch_size:
+                break
+            if chosen and num_tokens + entry.size > self.config.max_batch_tokens:
+                continue  # a smaller item may still fit
+            chosen.append(entry)
+            num_tokens += entry.size
+        taken = {id(e) for e in chosen}
+        self._pending = [e for e in self._pending if id(e) not in taken]
+        for entry in chosen:
+            entry.request.num_undispatched -= 1
+            if entry.request.num_undispatched == 0:
+                self._num_waiting_requests -= 1
+        return chosen
+
+    def _drop_cancelled(self) -> None:
+        kept = []
+        for entry in self._pending:
+            if entry.request.cancelled:
+                entry.request.num_undispatched -= 1
+                if entry.request.num_undispatched == 0:
+                    self._num_waiting_requests -= 1
+            else:
+                kept.append(entry)
+        self._pending = kept
+
+    def _dispatch(self, dispatch: list[_Entry[ItemT]]) -> None:
+        by_key: dict[Hashable, list[_Entry[ItemT]]] = {}
+        for entry in dispatch:
+            by_key.setdefault(entry.key, []).append(entry)
+        with self._cond:
+            self._totals.num_dispatches += 1
+        for entries in by_key.values():
+            groups = plan_groups(
+                [e.size for e in entries],
+                by_length=self.config.group_by_length,
+                padding_free=self.backend.padding_free,
+                max_padding=self.config.max_padding,
+            )
+            for group in groups:
+                self._run_group([entries[i] for i in group])
+
+    def _run_group(self, group: list[_Entry[ItemT]]) -> None:
+        group = [e for e in group if not e.request.cancelled and not e.request.future.done()]
+        if not group:
+            return
+        started = time.monotonic()
+        try:
+            outputs = self.backend.run([e.item for e in group])
+            if len(outputs) != len(group):
+                raise BackendError(f"the backend returned {len(outputs)} outputs for {len(group)} items")
+        except Exception as exc:
+            log.exception("batch of %d items on %s failed", len(group), self.name)
+            error = exc if isinstance(exc, LocalServeError) else BackendError(f"the backend failed in this batch: {exc}")
+            self._record(group, started, failed=True)
+            for request in {id(e.request): e.request for e in group}.values():
+                _post(request, _fail, request, error)
+            return
+        self._record(group, started, failed=False)
+        by_request: dict[int, list[tuple[int, OutputT]]] = {}
+        for entry, output in zip(group, outputs, strict=True):
+            by_request.setdefault(id(entry.request), []).append((entry.index, output))
+        for entry in group:
+            results = by_request.pop(id(entry.request), None)
+            if results is not None:
+                _post(entry.request, _deliver, entry.request, results)
+
+    def _record(self, group: list[_Entry[ItemT]], started: float, *, failed: bool) -> None:
+        now = time.monotonic()
+        sizes = [e.size for e in group]
+        real = sum(sizes)
+        padded = 0 if self.backend.padding_free else padding_of(sizes)
+        with self._cond:
+            t = self._totals
+            t.num_runs += 1
+            t.num_items += len(group)
+            t.num_real += real
+            t.num_padded += padded
+            t.busy_s += now - started
+            if failed:
+                t.num_errors += len({id(e.request) for e in group})
+            t.recent.append((now, len(group), real, padded, now - started))
+            while t.recent and t.recent[0][0] < now - WINDOW_S:
+                t.recent.popleft()
+
+    def _fail_pending(self, error: LocalServeError) -> None:
+        with self._cond:
+            requests = {id(e.request): e.request for e in self._pending}
+            self._pending = []
+            self._num_waiting_requests = 0
+        for request in requests.values():
+            _post(request, _fail, request, error)
+
+    # ---- stats -----------------------------------------------------------------
+
+    def stats(self, recent_s: float = 10.0) -> dict[str, Any]:
+        """A snapshot for the dashboard and /metrics (cheap; any thread)."""
+        now = time.monotonic()
+        with self._cond:
+            t = self._totals
+            recent = [r for r in t.recent if r[0] >= now - recent_s]
+            window = list(t.recent)
+            snapshot = {
+                "queue_items": len(self._pending),
+                "queue_requests": self._num_waiting_requests,
+                "in_flight": self._num_in_flight,
+                "requests": t.num_requests,
+                "items": t.num_items,
+                "dispatches": t.num_dispatches,
+                "batches": t.num_runs,
+                "errors": t.num_errors,
+                "rejected": t.num_rejected,
+                "real_size": t.num_real,
+                "padded_size": t.num_padded,
+                "busy_s": round(t.busy_s, 4),
+            }
+        span = max(1e-3, min(recent_s, now - recent[0][0] + recent[0][4])) if recent else recent_s
+        sizes = [r[1] for r in window]
+        cfg = self.config
+        snapshot.update(
+            {
+                "padding_ratio": snapshot["padded_size"] / snapshot["real_size"] if snapshot["real_size"] else 0.0,
+                "recent_padding_ratio": (sum(r[3] for r in window) / sum(r[2] for r in window)) if window else 0.0,
+                "mean_batch_size": snapshot["items"] / snapshot["batches"] if snapshot["batches"] else 0.0,
+                "max_batch_size_seen": max(sizes, default=0),
+                "recent_batch_sizes": sizes[-60:],
+                "items_per_s": sum(r[1] for r in recent) / span,
+                "busy_fraction": min(1.0, sum(r[4] for r in recent) / span),
+                "padding_free": self.backend.padding_free,
+                "max_batch_size": cfg.max_batch_size,
+                "max_batch_tokens": cfg.max_batch_tokens,
+                "max_wait_ms": cfg.max_wait_ms,
+                "max_queue": cfg.max_queue,
+                "group_by_length": cfg.group_by_length,
+            }
+        )
+        return snapshot
+
+
+# ---- delivery on the caller's loop ---------------------------------------------------
+
+
+def _post(request: _Request[Any], fn: Any, *args: Any) -> None:
+    try:
+        request.loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening
+        pass
+
+
+def _deliver(request: _Request[Any], results: list[tuple[int, Any]]) -> None:
+    if request.future.done():
+        return
+    for index, output in results:
+        request.outputs[index] = output
+    request.num_missing -= len(results)
+    if request.num_missing == 0:
+        request.future.set_result(request.outputs)
+
+
+def _fail(request: _Request[Any], error: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)

@@ -1,0 +1,75 @@
+"""`localserve convert MODEL`: convert a model once into the model store,
+with a progress display (the server also converts on first load, silently)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+BAR_WIDTH = 30
+
+
+def add_convert_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert an embeddings model to GGUF into the model store (no torch needed)",
+        description="Convert a sentence-transformers BERT folder (a built-in ID such as all-minilm-l6-v2, "
+        "a PATH, or ID=PATH) to a llama.cpp GGUF in the model store ($LOCALSERVE_HOME/models, else the "
+        "user data directory). `serve` does this on first load; run it ahead to see progress. "
+        "Prints the GGUF's path.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a built-in ID, a PATH to a sentence-transformers folder, or ID=PATH")
+    parser.add_argument("--type", dest="out_type", choices=("f32", "f16"), default="f32", help="weight type (default: f32)")
+    parser.add_argument("--force", action="store_true", help="convert again even if the store has an up-to-date copy")
+    parser.set_defaults(handler=cmd_convert)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from localserve.errors import InvalidRequestError
+    from localserve.models.convert import cached_gguf
+    from localserve.models.oneshot import EMBEDDINGS, oneshot_kind
+    from localserve.models.registry import resolve
+
+    spec = resolve(args.model)
+    if oneshot_kind(spec.labels) != EMBEDDINGS or not spec.path.is_dir():
+        raise InvalidRequestError(
+            f"nothing to convert: {args.model!r} ({spec.path}) is served as it is; "
+            "`convert` turns sentence-transformers folders into GGUF"
+        )
+    started = time.monotonic()
+    bar = ProgressBar(f"converting {spec.model_id}", sys.stderr)
+    path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=bar)
+    bar.finish(path, time.monotonic() - started)
+    print(path)
+    return 0
+
+
+class ProgressBar:
+    """`label [#####-----] 12/101 blk.1.attn_q.weight` on one line of `out`."""
+
+    def __init__(self, label: str, out: TextIO) -> None:
+        self.label = label
+        self.out = out
+        self.called = False
+        self.interactive = out.isatty()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        self.called = True
+        filled = BAR_WIDTH * done // max(1, total)
+        line = f"{self.label} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {done}/{total} {stage}"
+        if self.interactive:
+            self.out.write("\r\x1b[K" + line)
+        elif stage == "done" or done % max(1, total // 4) == 0:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def finish(self, path: Path, seconds: float) -> None:
+        if self.interactive and self.called:
+            self.out.write("\n")
+        size = path.stat().st_size / 1e6
+        note = f"converted in {seconds:.1f} s" if self.called else "already converted"
+        self.out.write(f"{self.label.replace('converting', 'model')}: {note}, {size:.0f} MB\n")
+        self.out.flush()

@@ -1,0 +1,121 @@
+"""One-shot models (embeddings, speech recognition): what a path holds, and
+how to open its backend and batcher. `ModelManager` calls `open_oneshot`
+off the event loop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from localserve.backends.base import OneShotBackend
+from localserve.config import ServerSettings
+from localserve.engine.batcher import BatcherConfig
+from localserve.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+EMBEDDINGS = "embeddings"
+TRANSCRIPTION = "transcription"
+ONESHOT_KINDS = (EMBEDDINGS, TRANSCRIPTION)
+
+#: llama.cpp architectures that only make embeddings.
+EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert"})
+
+#: Batching defaults per kind: many short texts; a few 30 s audio windows.
+BATCHING = {
+    EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096, max_wait_ms=5.0),
+    TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000, max_wait_ms=10.0),
+}
+
+
+def oneshot_kind(labels: tuple[str, ...]) -> str | None:
+    """The one-shot kind a model's labels name, or None for a generative model."""
+    return next((kind for kind in ONESHOT_KINDS if kind in labels), None)
+
+
+def detect_labels(path: Path) -> tuple[str, ...]:
+    """What a local model is for, from its files: a CTranslate2 Whisper
+    folder transcribes, a sentence-transformers folder or a BERT-family GGUF
+    embeds, anything else chats."""
+    if path.is_dir():
+        config = _read_json(path / "config.json")
+        if (path / "model.bin").is_file() and "alignment_heads" in config:
+            return (TRANSCRIPTION,)
+        if (path / "model.safetensors").is_file() and config.get("model_type") == "bert":
+            return (EMBEDDINGS,)
+        return ()
+    if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
+        return (EMBEDDINGS,)
+    return ("chat",)
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` of a GGUF, read from its first key (where every
+    GGUF writer puts it) without loading the file."""
+    try:
+        with path.open("rb") as f:
+            magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+            if magic != b"GGUF" or n_kv == 0:
+                return None
+            (key_len,) = struct.unpack("<Q", f.read(8))
+            key = f.read(key_len)
+            (value_type,) = struct.unpack("<I", f.read(4))
+            if key != b"general.architecture" or value_type != 8:  # 8: string
+                return None
+            (value_len,) = struct.unpack("<Q", f.read(8))
+            return f.read(min(value_len, 128)).decode("utf-8", errors="replace")
+    except (OSError, struct.error):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OneShotOpened:
+    backend: OneShotBackend  # type: ignore[type-arg]
+    batching: BatcherConfig
+    source: Path  # what was loaded (the converted GGUF for a sentence-transformers folder)
+
+
+def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings) -> OneShotOpened:
+    """Open a one-shot backend (blocking: converts on first use, loads weights)."""
+    batching = BatcherConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
+    if kind == EMBEDDINGS:
+        from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+
+        gguf_path = path
+        if path.is_dir():
+            from localserve.models.convert import cached_gguf
+
+            gguf_path = cached_gguf(path, model_id, progress=_log_progress(model_id))
+        config = LlamaEmbeddingConfig(str(gguf_path), n_threads=settings.threads, device=settings.device)
+        return OneShotOpened(LlamaEmbeddingBackend(config), batching, gguf_path)
+    if kind == TRANSCRIPTION:
+        from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
+
+        whisper = WhisperConfig(str(path), device=settings.device, n_threads=settings.threads)
+        return OneShotOpened(FasterWhisperBackend(whisper), batching, path)
+    raise InvalidRequestError(f"unknown one-shot model kind {kind!r}")
+
+
+def _log_progress(model_id: str):  # type: ignore[no-untyped-def]
+    last = [-1]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        quarter = 4 * done // max(1, total)
+        if stage == "done":
+            log.info("converted %s to GGUF (%d tensors)", model_id, total)
+        elif quarter != last[0]:
+            last[0] = quarter
+            log.info("converting %s to GGUF: %d%% (%s)", model_id, 100 * done // max(1, total), stage)
+
+    return progress
+
+
+def _read_json(path: Path) -> dict:  # type: ignore[type-arg]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,64 @@
+"""Servers shared by the API tests. `server` (real SmolLM2, 16 slots, API
+key) is loaded once per session and used by nearly every test;
+`small_server` (one slot, a queue of one, a 64 KiB body limit, extra allowed
+host and origin, no key) is for the limits tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.api.harness import API_KEY, ServerThread, make_settings
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerThread]:
+    """The shared server: 16 slots, 2048-token context, API key required."""
+    srv = ServerThread(make_settings(api_key=API_KEY)).start()
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def small_server() -> Iterator[ServerThread]:
+    """One slot, a waiting queue of one, small body limit, no API key;
+    `llm.lan` and `https://app.example` allowed as extra host and origin."""
+    settings = make_settings(
+        parallel=1,
+        max_queue=1,
+        ctx_size=1024,
+        kv_size=1024,
+        max_body_bytes=64 * 1024,
+        allow_hosts=["llm.lan"],
+        cors_origins=["https://app.example"],
+    )
+    srv = ServerThread(settings).start()
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def aclient(server: ServerThread) -> openai.AsyncOpenAI:
+    # Function-scoped: an async client belongs to the loop of the test using it.
+    return openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(server: ServerThread) -> Iterator[httpx.Client]:
+    """Plain HTTP to the shared server, with the API key."""
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
+        yield c

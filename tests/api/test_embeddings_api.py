@@ -1,0 +1,153 @@
+"""`POST /v1/embeddings` over HTTP, with the official openai SDK, against the
+real all-MiniLM-L6-v2 (converted to GGUF on load into a temporary store)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.api.harness import ServerThread, make_settings
+
+pytestmark = pytest.mark.slow
+
+MODEL = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("localserve-home")))
+        srv = ServerThread(make_settings(models=[MODEL], threads=2)).start()
+        try:
+            srv.wait_healthy(timeout=180)
+            yield srv
+        finally:
+            srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(server: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        yield c
+
+
+def vectors(response: openai.types.CreateEmbeddingResponse) -> np.ndarray:
+    return np.array([d.embedding for d in sorted(response.data, key=lambda d: d.index)], dtype=np.float32)
+
+
+def sentences(count: int) -> list[str]:
+    rng = np.random.default_rng(11)
+    vocab = "a the man woman child dog is was eating reading playing bread food drums music in at park home".split()
+    return [" ".join(rng.choice(vocab, size=int(rng.integers(2, 30)))) for _ in range(count)]
+
+
+# ---- must show -------------------------------------------------------------------------
+
+
+def test_food_is_closer_to_bread_than_to_drums(client: openai.OpenAI) -> None:
+    texts = ["A man is eating food.", "A man is eating a piece of bread.", "A monkey is playing drums."]
+    food, bread, drums = vectors(client.embeddings.create(model=MODEL, input=texts, encoding_format="float"))
+    assert float(food @ bread) > float(food @ drums)
+    assert float(food @ bread) > 0.6 and float(food @ drums) < 0.2
+
+
+def test_float_and_base64_agree(client: openai.OpenAI, http: httpx.Client) -> None:
+    texts = ["The cat sat on the mat.", "Quantum chromodynamics"]
+    floats = vectors(client.embeddings.create(model=MODEL, input=texts, encoding_format="float"))
+    sdk_default = vectors(client.embeddings.create(model=MODEL, input=texts))  # the SDK asks for base64
+    raw = http.post("/v1/embeddings", json={"model": MODEL, "input": texts, "encoding_format": "base64"}).json()
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
+    assert decoded.shape == (2, 384)
+    np.testing.assert_array_equal(decoded, floats)
+    np.testing.assert_array_equal(sdk_default, floats)
+
+
+def test_a_batch_of_64_inputs_equals_one_by_one(client: openai.OpenAI) -> None:
+    texts = sentences(64)
+    batched = vectors(client.embeddings.create(model=MODEL, input=texts, encoding_format="float"))
+    one_by_one = np.stack(
+        [vectors(client.embeddings.create(model=MODEL, input=t, encoding_format="float"))[0] for t in texts]
+    )
+    cosines = np.sum(batched * one_by_one, axis=1) / (
+        np.linalg.norm(batched, axis=1) * np.linalg.norm(one_by_one, axis=1)
+    )
+    assert cosines.min() > 0.999
+
+
+# ---- the request shapes ------------------------------------------------------------------
+
+
+def test_token_lists_embed_like_their_text(client: openai.OpenAI, http: httpx.Client) -> None:
+    text = "A man is eating food."
+    ids = [101, 1037, 2158, 2003, 5983, 2833, 1012, 102]  # its WordPiece tokens, with [CLS] and [SEP]
+    from_text = vectors(client.embeddings.create(model=MODEL, input=text, encoding_format="float"))[0]
+    one = http.post("/v1/embeddings", json={"model": MODEL, "input": ids}).json()
+    many = http.post("/v1/embeddings", json={"model": MODEL, "input": [ids, ids[:4]]}).json()
+    np.testing.assert_allclose(one["data"][0]["embedding"], from_text, atol=1e-6)
+    np.testing.assert_allclose(many["data"][0]["embedding"], from_text, atol=1e-6)
+    assert len(many["data"]) == 2 and many["usage"] == {"prompt_tokens": 12, "total_tokens": 12}
+
+
+def test_the_answer_has_openai_s_shape_and_usage(http: httpx.Client) -> None:
+    body = http.post("/api/v1/embeddings", json={"model": MODEL, "input": ["one two", "three"], "dimensions": 384}).json()
+    assert body["object"] == "list" and body["model"] == MODEL
+    assert [d["index"] for d in body["data"]] == [0, 1] and body["data"][0]["object"] == "embedding"
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}  # [CLS] one two [SEP] + [CLS] three [SEP]
+    assert abs(np.linalg.norm(body["data"][0]["embedding"]) - 1.0) < 1e-5
+
+
+async def test_concurrent_requests_share_batches(server: ServerThread) -> None:
+    aclient = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    texts = sentences(32)
+    results = await asyncio.gather(*(aclient.embeddings.create(model=MODEL, input=t) for t in texts))
+    assert all(len(r.data) == 1 for r in results)
+    stats = server.call(lambda: server.manager.oneshot_stats())[MODEL]
+    assert stats["kind"] == "embeddings" and stats["max_batch_size_seen"] > 1 and stats["errors"] == 0
+    snapshot = httpx.get(f"{server.base_url}/api/v1/stats", timeout=30).json()
+    assert snapshot["one_shot"][MODEL]["max_batch_size_seen"] > 1
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"model": MODEL, "input": []}, "input", "empty"),
+        ({"model": MODEL, "input": ""}, "input", "empty string"),
+        ({"model": MODEL, "input": ["ok", ""]}, "input[1]", "empty string"),
+        ({"model": MODEL, "input": "x", "dimensions": 128}, "dimensions", "384"),
+        ({"model": MODEL, "input": "x", "encoding_format": "int8"}, "encoding_format", ""),
+        ({"model": MODEL, "input": [101, 99999, 102]}, "input", "vocabulary"),
+        ({"model": MODEL, "input": "word " * 600}, "input", "at most 512 tokens"),
+        ({"model": MODEL, "input": "x", "priority": "urgent"}, "priority", "priority"),
+        ({"input": "x"}, "model", "Missing"),
+    ],
+)
+def test_bad_requests_are_400s_naming_the_field(http: httpx.Client, body: dict, param: str, fragment: str) -> None:
+    response = http.post("/v1/embeddings", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_a_404(http: httpx.Client) -> None:
+    response = http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_chat_on_an_embeddings_model_says_where_to_go(http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 400 and "/v1/embeddings" in response.json()["error"]["message"]

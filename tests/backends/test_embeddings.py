@@ -1,0 +1,232 @@
+"""all-MiniLM-L6-v2 converted to GGUF (no torch) and run by llama.cpp.
+
+The converted model is checked against a plain-numpy BERT forward pass over
+the original safetensors weights, and its tokenizer against the model's own
+`tokenizer.json`: the conversion is exact, not merely plausible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+from localserve.engine.batcher import Batcher, BatcherConfig
+from localserve.errors import ContextLengthError, InvalidRequestError
+from localserve.models.convert import cached_gguf, read_sentence_transformers
+from localserve.models.oneshot import detect_labels, gguf_architecture
+from localserve.models.registry import resolve
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "A monkey is playing drums.",
+    "Héllo, wörld! It's 3.14 o'clock; naïve café — 東京.",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def source() -> Path:
+    return resolve("all-minilm-l6-v2").path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("localserve-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSERVE_HOME", str(home))
+        yield home / "models"
+
+
+@pytest.fixture(scope="module")
+def progress_calls() -> list[tuple[str, int, int]]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def gguf_path(source: Path, store: Path, progress_calls: list[tuple[str, int, int]]) -> Path:
+    return cached_gguf(source, "all-minilm-l6-v2", progress=lambda *call: progress_calls.append(call))
+
+
+@pytest.fixture(scope="module")
+def backend(gguf_path: Path) -> Iterator[LlamaEmbeddingBackend]:
+    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=2))
+    yield b
+    b.close()
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# ---- conversion ----------------------------------------------------------------------
+
+
+def test_conversion_lands_in_the_store_once(gguf_path: Path, store: Path, source: Path, progress_calls) -> None:
+    assert gguf_path.is_file() and gguf_path.is_relative_to(store)
+    assert not list(gguf_path.parent.glob("*.part"))  # written atomically
+    stages = [stage for stage, _, _ in progress_calls]
+    assert stages[-1] == "done" and "token_embd.weight" in stages
+    done = [d for _, d, _ in progress_calls]
+    assert done == sorted(done) and progress_calls[-1][1] == progress_calls[-1][2] == 101
+    mtime = gguf_path.stat().st_mtime_ns
+    assert cached_gguf(source, "all-minilm-l6-v2") == gguf_path  # cached: not rewritten
+    assert gguf_path.stat().st_mtime_ns == mtime
+
+
+def test_converted_file_is_a_bert_gguf_with_mean_pooling(gguf_path: Path, source: Path) -> None:
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+
+    def value(key: str):  # noqa: ANN202
+        field = reader.fields[key]
+        return field.contents()
+
+    assert value("general.architecture") == "bert"
+    assert value("bert.pooling_type") == gguf.PoolingType.MEAN
+    assert value("bert.attention.causal") is False
+    assert value("localserve.embedding.normalize") is True
+    assert value("tokenizer.ggml.model") == "bert"
+    assert len(reader.tensors) == 101  # 5 embedding tensors + 16 per layer; pooler dropped
+    st = read_sentence_transformers(source)
+    assert st.pooling == "mean" and st.normalize
+    assert gguf_architecture(gguf_path) == "bert"
+    assert detect_labels(gguf_path) == ("embeddings",)
+    assert detect_labels(source) == ("embeddings",)
+
+
+def test_a_non_bert_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(InvalidRequestError, match="only BERT"):
+        read_sentence_transformers(tmp_path)
+
+
+# ---- tokenizer and numerics against the source --------------------------------------------
+
+
+def test_tokenizer_matches_the_model_s_tokenizer_json(backend: LlamaEmbeddingBackend, source: Path) -> None:
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(source / "tokenizer.json"))
+    reference.no_padding()
+    for text in TEXTS:
+        assert list(backend.tokenize(text)) == reference.encode(text).ids, text
+
+
+@functools.cache
+def load_weights(source: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(source / "model.safetensors"))
+
+
+def numpy_minilm(source: Path, token_ids: list[int]) -> np.ndarray:
+    """sentence-transformers' all-MiniLM-L6-v2 (BERT, mean pooling, L2
+    normalisation), written out in numpy from the safetensors weights."""
+    w = load_weights(source)
+    n_head, eps = 12, 1e-12
+    erf = np.vectorize(math.erf)
+
+    def norm(x: np.ndarray, prefix: str) -> np.ndarray:
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + eps) * w[f"{prefix}.weight"] + w[f"{prefix}.bias"]
+
+    def dense(x: np.ndarray, prefix: str) -> np.ndarray:
+        return x @ w[f"{prefix}.weight"].T + w[f"{prefix}.bias"]
+
+    n = len(token_ids)
+    x = w["embeddings.word_embeddings.weight"][token_ids] + w["embeddings.position_embeddings.weight"][:n]
+    x = norm(x + w["embeddings.token_type_embeddings.weight"][0], "embeddings.LayerNorm")
+    for layer in range(6):
+        p = f"encoder.layer.{layer}"
+        q, k, v = (dense(x, f"{p}.attention.self.{m}").reshape(n, n_head, -1).transpose(1, 0, 2) for m in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        context = (scores / scores.sum(-1, keepdims=True) @ v).transpose(1, 0, 2).reshape(n, -1)
+        x = norm(x + dense(context, f"{p}.attention.output.dense"), f"{p}.attention.output.LayerNorm")
+        h = dense(x, f"{p}.intermediate.dense")
+        h = 0.5 * h * (1.0 + erf(h / math.sqrt(2.0)))
+        x = norm(x + dense(h, f"{p}.output.dense"), f"{p}.output.LayerNorm")
+    pooled = x.mean(0)
+    return pooled / np.linalg.norm(pooled)
+
+
+def test_embeddings_equal_a_numpy_bert_over_the_original_weights(backend: LlamaEmbeddingBackend, source: Path) -> None:
+    items = [backend.tokenize(t) for t in TEXTS[:4]]
+    for item, vector in zip(items, backend.run(items), strict=True):
+        assert vector.shape == (384,) and vector.dtype == np.float32
+        assert abs(np.linalg.norm(vector) - 1.0) < 1e-5
+        assert cosine(vector, numpy_minilm(source, list(item))) > 0.9999
+
+
+# ---- the must-show properties -----------------------------------------------------------------
+
+
+def test_food_is_closer_to_bread_than_to_drums(backend: LlamaEmbeddingBackend) -> None:
+    food, bread, drums = backend.run([backend.tokenize(t) for t in TEXTS[:3]])
+    assert cosine(food, bread) > 0.6 > 0.2 > cosine(food, drums)
+    assert abs(cosine(food, bread) - 0.7553) < 0.01  # sentence-transformers' own figure for this pair
+
+
+def sentences(count: int) -> list[str]:
+    rng = np.random.default_rng(7)
+    vocab = "the a man woman dog cat is eating playing reading food bread drums book in park quickly".split()
+    return [" ".join(rng.choice(vocab, size=int(rng.integers(2, 40)))) for _ in range(count)]
+
+
+def test_a_batch_equals_one_by_one(backend: LlamaEmbeddingBackend) -> None:
+    # 64 at once through the API: tests/api/test_embeddings_api.py
+    items = [backend.tokenize(t) for t in sentences(32)]
+    batched = backend.run(items)
+    for item, vector in zip(items, batched, strict=True):
+        assert cosine(vector, backend.run([item])[0]) > 0.999
+
+
+async def test_the_batcher_packs_concurrent_requests_into_one_forward_pass(backend: LlamaEmbeddingBackend) -> None:
+    batcher = Batcher("minilm", backend, BatcherConfig(max_wait_ms=20, max_batch_size=64))
+    texts = sentences(24)
+    alone = [backend.run([backend.tokenize(t)])[0] for t in texts]
+    together = await asyncio.gather(*(batcher.submit([backend.tokenize(t)]) for t in texts))
+    for one, many in zip(alone, together, strict=True):
+        assert cosine(one, many[0]) > 0.999
+    stats = batcher.stats()
+    assert stats["max_batch_size_seen"] > 1 and stats["padding_ratio"] == 0.0
+    await asyncio.to_thread(batcher.close)
+
+
+# ---- input checks ----------------------------------------------------------------------------
+
+
+def test_inputs_the_model_cannot_embed_are_400s(backend: LlamaEmbeddingBackend) -> None:
+    assert backend.max_input_tokens == 512
+    with pytest.raises(ContextLengthError, match="at most 512 tokens"):
+        backend.check([101] * 513, "input")
+    with pytest.raises(InvalidRequestError, match="outside this model's vocabulary"):
+        backend.check([101, 30522, 102], "input[3]")
+    with pytest.raises(InvalidRequestError, match="empty"):
+        backend.check([], "input")
+    assert backend.check([101, 102], "input") == (101, 102)
+
+
+def test_cpu_threads_setting_is_respected(gguf_path: Path) -> None:
+    assert os.cpu_count()  # the default uses every core; an explicit count loads too
+    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=1, batch_tokens=64, max_seqs=128))
+    try:
+        assert b.max_seqs == 64  # llama.cpp needs n_seq_max <= n_batch
+        assert b.max_input_tokens == 64
+        vectors = b.run([b.tokenize(t) for t in sentences(10)])  # split over several forward passes
+        assert len(vectors) == 10
+    finally:
+        b.close()

@@ -1,0 +1,211 @@
+"""The llama.cpp backend, driven directly with hand-built step batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localserve.backends.chat_template import ChatTemplate
+from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.engine.types import KvOp, SamplingParams, SeqChunk, StepBatch
+from localserve.errors import DeviceNotFoundError, InvalidRequestError
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def chunk(seq_id: int, slot: int, tokens: list[int], start: int, sample: bool = True,
+          params: SamplingParams = GREEDY) -> SeqChunk:
+    return SeqChunk(seq_id, slot, tuple(tokens), start, sample, params)
+
+
+def step(backend: LlamaCppBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = (), step_id: int = 0) -> dict[int, int]:
+    result = backend.execute(StepBatch(step_id, kv_ops, tuple(chunks)))
+    assert not result.failed
+    return {seq_id: s.token_id for seq_id, s in result.sampled.items()}
+
+
+def greedy_continue(backend: LlamaCppBackend, prompt: list[int], n: int, slot: int = 0, seq_id: int = 0) -> list[int]:
+    backend.clear_slots([slot])
+    out = []
+    token = step(backend, [chunk(seq_id, slot, prompt, 0)])[seq_id]
+    pos = len(prompt)
+    for _ in range(n - 1):
+        out.append(token)
+        token = step(backend, [chunk(seq_id, slot, [token], pos)])[seq_id]
+        pos += 1
+    out.append(token)
+    backend.release([seq_id])
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_gguf_path: Path):
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=512, parallel=4, batch_tokens=256, n_threads=2))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path: Path):
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512))
+    yield backend
+    backend.close()
+
+
+def test_tiny_model_loads_with_its_capacity_and_template(tiny: LlamaCppBackend) -> None:
+    cap = tiny.capacity()
+    assert cap.max_num_seqs == 4 and cap.max_num_batched_tokens == 256
+    assert cap.n_ctx == 512 and cap.kv_tokens >= 512
+    tok = tiny.tokenizer()
+    assert "<|im_start|>" in (tok.chat_template or "")
+    assert tok.eog_token_ids, "the GGUF declares <|im_end|> as EOS"
+    info = tiny.info()
+    assert info.backend == "llamacpp" and info.device == "CPU"
+
+
+def test_tokenizer_round_trips_unicode(tiny: LlamaCppBackend) -> None:
+    tok = tiny.tokenizer()
+    text = "café naïve 日本語 🙂 def add(a, b):"
+    ids = tok.encode(text, add_special=False)
+    assert ids and tok.decode(ids) == text
+    special = tok.encode("<|im_start|>user", add_special=False, parse_special=True)
+    assert tok.encode("<|im_start|>", add_special=False, parse_special=True)[0] == special[0]
+    assert tok.token_bytes(special[0]) == b"", "special tokens add no output text"
+
+
+def test_one_batch_mixes_prompt_chunks_and_decodes_like_separate_runs(tiny: LlamaCppBackend) -> None:
+    tok = tiny.tokenizer()
+    a = tok.encode("The quick brown fox", add_special=False)
+    b = tok.encode("Paris is the capital of", add_special=False)
+    alone_a = greedy_continue(tiny, a, 6, slot=0, seq_id=100)
+    alone_b = greedy_continue(tiny, b, 6, slot=1, seq_id=101)
+    tiny.clear_slots([0, 1])
+    # a: whole prompt at once; b: its prompt in two chunks, the second one
+    # in the same batch as a's first decode token.
+    first = step(tiny, [chunk(1, 0, a, 0), chunk(2, 1, b[:3], 0, sample=False)])
+    out_a, out_b = [first[1]], []
+    second = step(tiny, [chunk(1, 0, [out_a[-1]], len(a)), chunk(2, 1, b[3:], 3)])
+    out_a.append(second[1])
+    out_b.append(second[2])
+    for i in range(4):
+        nxt = step(tiny, [chunk(1, 0, [out_a[-1]], len(a) + 1 + i), chunk(2, 1, [out_b[-1]], len(b) + i)])
+        out_a.append(nxt[1])
+        out_b.append(nxt[2])
+    nxt = step(tiny, [chunk(2, 1, [out_b[-1]], len(b) + 4)])
+    out_b.append(nxt[2])
+    tiny.release([1, 2])
+    assert out_a == alone_a
+    assert out_b == alone_b
+
+
+def test_sequences_in_one_batch_never_see_each_other(tiny: LlamaCppBackend) -> None:
+    """The logits of one sequence do not depend on what another sequence in
+    the same batch holds: exactly equal, not merely close."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    tok = tiny.tokenizer()
+    a = tok.encode("The quick brown fox jumps", add_special=False)
+    others = [tok.encode(t, add_special=False) for t in ("Paris is the capital", "def add(a, b): return")]
+    seen = []
+    for other in others:
+        tiny.clear_slots([0, 1])
+        n = min(len(a), len(other))
+        tiny.execute(StepBatch(0, (), (chunk(1, 0, a[:n], 0), chunk(2, 1, other[:n], 0))))
+        tiny.release([1, 2])
+        pointer = llama_cpp.llama_get_logits_ith(tiny._ctx, n - 1)
+        seen.append(np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
+                                          shape=(tok.vocab_size,)).copy())
+    assert np.array_equal(seen[0], seen[1])
+
+
+def test_copy_kv_op_reuses_a_prefix(tiny: LlamaCppBackend) -> None:
+    tok = tiny.tokenizer()
+    prompt = tok.encode("Hello world, this is a tiny model for tests.", add_special=False)
+    expected = greedy_continue(tiny, prompt, 4, slot=2, seq_id=200)
+    tiny.clear_slots([0, 2])
+    step(tiny, [chunk(300, 0, prompt[:-1], 0, sample=False)])
+    # slot 2 gets slot 0's prefix, then computes only the last prompt token
+    got = [step(tiny, [chunk(201, 2, prompt[-1:], len(prompt) - 1)], (KvOp("copy", 2, len(prompt) - 1, src=0),))[201]]
+    for i in range(3):
+        got.append(step(tiny, [chunk(201, 2, [got[-1]], len(prompt) + i)])[201])
+    tiny.release([201, 300])
+    assert got == expected
+
+
+def test_bad_grammar_fails_only_its_sequence(tiny: LlamaCppBackend) -> None:
+    tok = tiny.tokenizer()
+    prompt = tok.encode("The quick", add_special=False)
+    tiny.clear_slots([0, 1])
+    bad = SamplingParams(temperature=0.0, grammar="root ::= (((")
+    with pytest.raises(InvalidRequestError):
+        tiny.validate(bad)
+    result = tiny.execute(StepBatch(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=bad))))
+    assert 1 in result.sampled and 2 in result.failed
+    tiny.release([1, 2])
+
+
+def test_gpu_device_on_a_cpu_build_is_a_clear_error(tiny_gguf_path: Path) -> None:
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama-cpp-python build has GPU offload")
+    with pytest.raises(DeviceNotFoundError, match="present: CPU"):
+        LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), device="gpu"))
+
+
+@pytest.mark.slow
+def test_smollm2_knows_the_capital_of_france(smol: LlamaCppBackend) -> None:
+    tok = smol.tokenizer()
+    prompt = tok.encode("The capital of France is", add_special=False)
+    text = tok.decode(greedy_continue(smol, prompt, 5))
+    assert "Paris" in text
+
+
+@pytest.mark.slow
+def test_smollm2_chat_template_and_grammar_give_valid_json(smol: LlamaCppBackend) -> None:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    tok = smol.tokenizer()
+    template = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
+    assert not template.is_default, "SmolLM2's GGUF carries its own template"
+    text = template.render([{"role": "user", "content": "Give me a person as JSON."}])
+    assert text.endswith("<|im_start|>assistant\n")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    params = SamplingParams(temperature=0.0, grammar=json_schema_to_gbnf(json.dumps(schema)))
+    prompt = tok.encode(text, add_special=False)
+    smol.clear_slots([0])
+    out: list[int] = []
+    token = step(smol, [chunk(7, 0, prompt, 0, params=params)])[7]
+    pos = len(prompt)
+    while token not in tok.eog_token_ids and len(out) < 60:
+        out.append(token)
+        token = step(smol, [chunk(7, 0, [token], pos, params=params)])[7]
+        pos += 1
+    smol.release([7])
+    value = json.loads(tok.decode(out))
+    assert isinstance(value["name"], str) and isinstance(value["age"], int)
+
+
+@pytest.mark.slow
+def test_smollm2_logprobs_are_a_distribution(smol: LlamaCppBackend) -> None:
+    import math
+
+    tok = smol.tokenizer()
+    prompt = tok.encode("The capital of France is", add_special=False)
+    smol.clear_slots([0])
+    params = SamplingParams(temperature=0.0, logprobs=5)
+    result = smol.execute(StepBatch(0, (), (chunk(9, 0, prompt, 0, params=params),)))
+    smol.release([9])
+    sampled = result.sampled[9]
+    lp = sampled.logprob
+    assert lp is not None and len(lp.top) == 5
+    assert lp.top[0][0] == sampled.token_id, "greedy picks the most likely token"
+    assert lp.logprob == pytest.approx(lp.top[0][1])
+    assert all(a[1] >= b[1] for a, b in zip(lp.top, lp.top[1:], strict=False))
+    assert 0 < sum(math.exp(v) for _, v in lp.top) <= 1.0 + 1e-6

@@ -1,0 +1,246 @@
+"""A scripted backend and a step driver for synchronous scheduler tests.
+
+The backend keeps a simulated KV cache per slot and samples every token from
+what that slot holds, as a real model would: if the scheduler's KV edits or
+positions were wrong, a request's tokens would differ from a run of it alone.
+The driver runs the step loop of DESIGN.md on a fake clock and checks, after
+every step, that the scheduler's view of the KV cache is the backend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from localserve.engine.scheduler import Scheduler, SchedulerConfig
+from localserve.engine.sequence import SeqStatus
+from localserve.engine.types import (
+    Capacity,
+    GenerateRequest,
+    KvOp,
+    SampledToken,
+    SamplingParams,
+    SeqChunk,
+    StepBatch,
+    StepResult,
+    TokenEvent,
+)
+
+EOS = 999
+VOCAB = 500  # the default script samples below this, so never EOS
+
+NextToken = Callable[[tuple[int, ...]], int]
+
+
+def token_bytes(token_id: int) -> bytes:
+    return b"" if token_id == EOS else b"t%d " % token_id
+
+
+def hashed_next_token(history: tuple[int, ...]) -> int:
+    """A token that depends on the whole history (prompt + prior outputs)."""
+    value = 17
+    for token in history:
+        value = (value * 31 + token + 1) % 1_000_003
+    return value % VOCAB
+
+
+def scripted_outputs(num_prompt_tokens: int, outputs: list[int]) -> NextToken:
+    """The i-th output token is outputs[i] (then hashed tokens)."""
+
+    def next_token(history: tuple[int, ...]) -> int:
+        index = len(history) - num_prompt_tokens
+        return outputs[index] if index < len(outputs) else hashed_next_token(history)
+
+    return next_token
+
+
+def make_capacity(
+    *, max_num_seqs: int = 4, max_num_batched_tokens: int = 64, kv_tokens: int = 1024, n_ctx: int = 128
+) -> Capacity:
+    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx)
+
+
+def prompt(start: int, length: int) -> list[int]:
+    return list(range(start, start + length))
+
+
+class FakeClock:
+    """`clock=` for the scheduler; the driver advances it one step at a time."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ScriptedBackend:
+    """Applies KV edits and chunks to simulated slots; checks their positions."""
+
+    def __init__(self, capacity: Capacity, next_token: NextToken = hashed_next_token) -> None:
+        self.capacity = capacity
+        self.next_token = next_token
+        self.slots: list[list[int]] = [[] for _ in range(capacity.max_num_seqs)]
+        self.released_seq_ids: set[int] = set()
+
+    def kv_used(self) -> int:
+        return sum(len(tokens) for tokens in self.slots)
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        self._check_batch(batch)
+        for op in batch.kv_ops:
+            self._apply(op)
+        sampled = {}
+        for chunk in batch.chunks:
+            history = self._append(chunk)
+            if chunk.sample:
+                sampled[chunk.seq_id] = SampledToken(self.next_token(history))
+        assert self.kv_used() <= self.capacity.kv_tokens, f"KV overflow: {self.kv_used()} cells"
+        self.released_seq_ids.update(batch.released_seq_ids)
+        return StepResult(sampled)
+
+    def _check_batch(self, batch: StepBatch) -> None:
+        assert batch.num_tokens <= self.capacity.max_num_batched_tokens, f"step of {batch.num_tokens} tokens"
+        assert len(batch.chunks) <= self.capacity.max_num_seqs
+        assert len({c.slot for c in batch.chunks}) == len(batch.chunks), "two chunks in one slot"
+        assert len({c.seq_id for c in batch.chunks}) == len(batch.chunks), "two chunks of one sequence"
+        finished = self.released_seq_ids | set(batch.released_seq_ids)
+        assert not finished & {c.seq_id for c in batch.chunks}, "a finished sequence was scheduled"
+
+    def _apply(self, op: KvOp) -> None:
+        slot = self.slots[op.slot]
+        if op.kind == "keep":
+            assert op.num_tokens <= len(slot), f"keep {op.num_tokens} of {len(slot)} cells"
+            del slot[op.num_tokens :]
+        elif op.kind == "copy":
+            source = self.slots[op.src]
+            assert op.src != op.slot and op.num_tokens <= len(source), f"bad copy {op}"
+            self.slots[op.slot] = source[: op.num_tokens]
+        else:
+            raise AssertionError(f"unknown KV op {op.kind!r}")
+
+    def _append(self, chunk: SeqChunk) -> tuple[int, ...]:
+        slot = self.slots[chunk.slot]
+        assert chunk.token_ids, "empty chunk"
+        assert chunk.start_pos == len(slot), f"chunk at {chunk.start_pos}, slot holds {len(slot)}"
+        slot.extend(chunk.token_ids)
+        assert len(slot) < self.capacity.n_ctx, "a slot outgrew the context"
+        return tuple(slot)
+
+
+@dataclass
+class RequestRecord:
+    """What a client of one request has received so far."""
+
+    num_prompt_tokens: int
+    events: list[TokenEvent] = field(default_factory=list)
+    finish_time: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events for t in e.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def last(self) -> TokenEvent:
+        return self.events[-1]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.events) and self.last.finished
+
+
+class Driver:
+    """The step loop (schedule, execute, update) on a fake clock."""
+
+    def __init__(
+        self,
+        capacity: Capacity,
+        *,
+        config: SchedulerConfig | None = None,
+        next_token: NextToken = hashed_next_token,
+        step_s: float = 1.0,
+    ) -> None:
+        self.clock = FakeClock()
+        self.step_s = step_s
+        self.backend = ScriptedBackend(capacity, next_token)
+        self.scheduler = Scheduler(
+            capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock
+        )
+        self.records: dict[str, RequestRecord] = {}
+        self.seq_ids: dict[str, int] = {}
+        self.batches: list[StepBatch] = []
+
+    def add(self, request_id: str, prompt_token_ids: Iterable[int], *, priority: float = 1.0, **sampling) -> None:  # type: ignore[no-untyped-def]
+        token_ids = list(prompt_token_ids)
+        request = GenerateRequest(request_id, token_ids, SamplingParams(**sampling), priority)
+        self.scheduler.add(request)
+        self.seq_ids[request_id] = next(s.seq_id for s in self.scheduler.sequences() if s.request_id == request_id)
+        self.records[request_id] = RequestRecord(len(token_ids))
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        event = self.scheduler.abort(request_id)
+        if event is not None:
+            self._record(event)
+        return event
+
+    def step(self) -> StepBatch:
+        batch = self.scheduler.schedule()
+        result = self.backend.execute(batch)
+        self.clock.advance(self.step_s)
+        for event in self.scheduler.update(batch, result):
+            self._record(event)
+        self._check_kv_agrees()
+        self.batches.append(batch)
+        return batch
+
+    def run(self, max_steps: int = 2000) -> None:
+        for _ in self.steps(max_steps):
+            pass
+
+    def steps(self, max_steps: int = 2000) -> Iterator[StepBatch]:
+        """Step until no work is left, yielding each batch."""
+        for _ in range(max_steps):
+            if not self.scheduler.has_work():
+                return
+            yield self.step()
+        raise AssertionError(f"requests still unfinished after {max_steps} steps")
+
+    def chunk(self, batch: StepBatch, request_id: str) -> SeqChunk | None:
+        seq_id = self.seq_ids[request_id]
+        return next((c for c in batch.chunks if c.seq_id == seq_id), None)
+
+    def is_decode(self, chunk: SeqChunk) -> bool:
+        """A chunk that feeds back one sampled token (not a prompt chunk)."""
+        request_id = next(r for r, s in self.seq_ids.items() if s == chunk.seq_id)
+        return len(chunk.token_ids) == 1 and chunk.start_pos >= self.records[request_id].num_prompt_tokens
+
+    def running_request_ids(self) -> set[str]:
+        return {s.request_id for s in self.scheduler.sequences() if s.status is SeqStatus.RUNNING}
+
+    def _record(self, event: TokenEvent) -> None:
+        record = self.records[event.request_id]
+        record.events.append(event)
+        if event.finished:
+            record.finish_time = self.clock.now
+
+    def _check_kv_agrees(self) -> None:
+        assert self.scheduler.kv_used() == self.backend.kv_used(), "scheduler and backend disagree on KV use"
+        for seq in self.scheduler.sequences():
+            if seq.status is SeqStatus.RUNNING:
+                in_slot = self.backend.slots[seq.slot]
+                assert in_slot == seq.token_ids[: seq.num_computed_tokens], f"slot {seq.slot} holds other tokens"
+
+
+def run_alone(prompt_token_ids: list[int], next_token: NextToken = hashed_next_token, **sampling) -> list[int]:  # type: ignore[no-untyped-def]
+    """The tokens a request gets with the server to itself and room to spare."""
+    driver = Driver(make_capacity(max_num_seqs=1, max_num_batched_tokens=1024), next_token=next_token)
+    driver.add("alone", prompt_token_ids, **sampling)
+    driver.run()
+    return driver.records["alone"].token_ids

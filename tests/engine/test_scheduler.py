@@ -1,0 +1,361 @@
+"""The scheduler, stepped synchronously against a scripted backend.
+
+Every step also checks (in `Driver`/`ScriptedBackend`) the token budget, the
+slot count, contiguous positions and that the scheduler's KV instructions
+leave each slot holding exactly the sequence's computed tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.sequence import SeqStatus
+from localserve.engine.types import FinishReason, KvOp
+
+from .scripted import EOS, Driver, hashed_next_token, make_capacity, prompt, run_alone, scripted_outputs
+
+# ---- budget, decode first, chunked prefill, slots ----------------------------
+
+
+def test_token_budget_is_respected_and_filled():
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=8))
+    for i, length in enumerate([5, 12, 20, 7, 30, 3]):
+        driver.add(f"r{i}", prompt(100 * i, length), max_tokens=6)
+    driver.run()
+    sizes = [batch.num_tokens for batch in driver.batches]
+    assert max(sizes) == 8  # full steps happen ...
+    assert all(size <= 8 for size in sizes)  # ... and none goes over
+    assert all(driver.records[f"r{i}"].last.num_output_tokens == 6 for i in range(6))
+
+
+def test_running_decodes_come_first_and_prefill_fills_the_rest():
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=5))
+    driver.add("a", prompt(0, 4), max_tokens=40)
+    driver.add("b", prompt(50, 1), max_tokens=40)
+    driver.step()
+    driver.add("long", prompt(100, 20), max_tokens=2)
+    batch = driver.step()
+    decodes = [c for c in batch.chunks if driver.is_decode(c)]
+    assert len(decodes) == 2  # both running sequences decode ...
+    assert batch.chunks[:2] == tuple(decodes)  # ... before the new prompt ...
+    assert driver.chunk(batch, "long").token_ids == tuple(prompt(100, 3))  # ... which gets the rest
+
+
+def test_a_prompt_being_chunked_never_stalls_running_decodes():
+    # "urgent" outranks "a" and "b", yet its later prompt chunks must not take
+    # the whole budget: no prefill-only steps while others are decoding.
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=4))
+    driver.add("a", prompt(0, 3), max_tokens=30)
+    driver.add("b", prompt(50, 1), max_tokens=30)
+    driver.step()
+    driver.add("urgent", prompt(100, 24), priority=0.0, max_tokens=2)
+    for _ in range(12):  # 24 prompt tokens, 2 per step next to the two decodes
+        batch = driver.step()
+        assert driver.chunk(batch, "a") is not None and driver.chunk(batch, "b") is not None
+        assert len(driver.chunk(batch, "urgent").token_ids) == 2
+    assert driver.records["urgent"].token_ids == run_alone(prompt(100, 24), max_tokens=2)[:1]
+
+
+def test_long_prompt_is_prefilled_in_contiguous_chunks_and_sampled_once():
+    driver = Driver(make_capacity(max_num_batched_tokens=8))
+    driver.add("long", prompt(0, 30), max_tokens=3)
+    chunks = [driver.chunk(driver.step(), "long") for _ in range(4)]
+    assert [c.start_pos for c in chunks] == [0, 8, 16, 24]
+    assert [len(c.token_ids) for c in chunks] == [8, 8, 8, 6]
+    assert [c.sample for c in chunks] == [False, False, False, True]
+    assert len(driver.records["long"].events) == 1  # the first token came after the last chunk
+    driver.run()
+    assert driver.records["long"].token_ids == run_alone(prompt(0, 30), max_tokens=3)
+
+
+def test_max_num_seqs_caps_running_sequences():
+    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=64))
+    for i in range(5):
+        driver.add(f"r{i}", prompt(10 * i, 4), max_tokens=3)
+    num_running = []
+    for batch in driver.steps():
+        num_running.append(len(batch.chunks))
+        assert driver.scheduler.num_running <= 2
+    assert max(num_running) == 2
+    assert all(driver.records[f"r{i}"].finished for i in range(5))
+
+
+def first_step(driver: Driver, request_id: str) -> int:
+    return next(i for i, b in enumerate(driver.batches) if driver.chunk(b, request_id) is not None)
+
+
+def test_lower_priority_number_is_admitted_first():
+    driver = Driver(make_capacity(max_num_seqs=1))
+    for request_id, priority in [("batch", 2.0), ("default", 1.0), ("interactive", 0.0)]:
+        driver.add(request_id, prompt(0, 4), priority=priority, max_tokens=3)
+    driver.run()
+    order = sorted(["batch", "default", "interactive"], key=lambda r: first_step(driver, r))
+    assert order == ["interactive", "default", "batch"]
+    assert driver.scheduler.counters.num_preemptions == 0
+
+
+# ---- aging ---------------------------------------------------------------------
+
+INTERACTIVE_STEPS = 5  # a 4-token prompt and max_tokens=5 hold a slot for 5 steps
+OVERLOAD_SLOTS = 2
+
+
+def finish_time_under_overload(aging_s: float, duration_s: float) -> float | None:
+    """One priority-0 arrival per step (2.5x what two slots serve) and one
+    priority-2 request at t=3. When does the priority-2 one finish?"""
+    driver = Driver(make_capacity(max_num_seqs=OVERLOAD_SLOTS), config=SchedulerConfig(aging_s=aging_s))
+    for i in range(int(duration_s)):
+        driver.add(f"i{i}", prompt(1000 + 10 * i, 4), priority=0.0, max_tokens=INTERACTIVE_STEPS)
+        if i == 3:
+            driver.add("batch", prompt(0, 4), priority=2.0, max_tokens=INTERACTIVE_STEPS)
+        driver.step()
+    return driver.records["batch"].finish_time
+
+
+def stated_worst_case_finish(aging_s: float, priority: float = 2.0, arrival: float = 3.0) -> float:
+    """The scheduler docstring's bound: (p - p_min) * aging_s, plus the service
+    time of the requests that arrived before that moment (spread over the
+    slots), plus the request's own service time."""
+    num_ahead = math.floor(arrival + priority * aging_s)  # priority-0 arrivals at t=0,1,2,... before then
+    service_ahead = math.ceil(num_ahead / OVERLOAD_SLOTS) * INTERACTIVE_STEPS
+    return arrival + priority * aging_s + service_ahead + INTERACTIVE_STEPS
+
+
+def test_aging_bounds_the_wait_under_a_stream_of_higher_priority():
+    bound = stated_worst_case_finish(aging_s=10.0)
+    finished_at = finish_time_under_overload(aging_s=10.0, duration_s=bound + 10)
+    assert finished_at is not None and finished_at <= bound
+
+
+def test_without_aging_the_same_stream_starves_it():
+    bound = stated_worst_case_finish(aging_s=10.0)
+    assert finish_time_under_overload(aging_s=1e6, duration_s=bound + 10) is None
+
+
+# ---- preemption and abort ----------------------------------------------------
+
+
+def test_higher_priority_preempts_and_the_preempted_one_resumes_unchanged():
+    driver = Driver(make_capacity(max_num_seqs=1))
+    driver.add("low", prompt(0, 6), priority=2.0, max_tokens=10)
+    for _ in range(3):
+        driver.step()
+    driver.add("high", prompt(100, 5), priority=0.0, max_tokens=4)
+    batch = driver.step()
+    assert driver.chunk(batch, "low") is None and driver.chunk(batch, "high") is not None
+    assert driver.running_request_ids() == {"high"}
+    driver.run()
+    assert driver.scheduler.counters.num_preemptions == 1
+    assert driver.records["high"].finish_time < driver.records["low"].finish_time
+    assert driver.records["low"].token_ids == run_alone(prompt(0, 6), max_tokens=10)
+    assert driver.records["high"].token_ids == run_alone(prompt(100, 5), max_tokens=4)
+
+
+def test_no_ping_pong_when_the_preempted_request_has_waited_long():
+    # "low" waits 60 s behind "high"; its age never lets it take the slot back.
+    driver = Driver(make_capacity(max_num_seqs=1), config=SchedulerConfig(aging_s=10.0))
+    driver.add("low", prompt(0, 4), priority=2.0, max_tokens=5)
+    driver.step()
+    driver.add("high", prompt(100, 4), priority=1.0, max_tokens=60)
+    driver.run()
+    high_steps = [i for i, b in enumerate(driver.batches) if driver.chunk(b, "high") is not None]
+    assert high_steps == list(range(high_steps[0], high_steps[0] + 60))  # never interrupted
+    assert driver.scheduler.counters.num_preemptions == 1
+    assert driver.records["low"].token_ids == run_alone(prompt(0, 4), max_tokens=5)
+
+
+def test_a_small_priority_lead_does_not_preempt():
+    driver = Driver(make_capacity(max_num_seqs=1), config=SchedulerConfig(aging_s=10.0, preempt_margin=0.5))
+    driver.add("first", prompt(0, 4), priority=1.0, max_tokens=5)
+    driver.step()
+    driver.add("second", prompt(100, 4), priority=0.7, max_tokens=5)  # deadline 8 s vs 10 s: 0.2 levels
+    driver.run()
+    assert driver.scheduler.counters.num_preemptions == 0
+
+
+def test_abort_frees_the_slot_for_the_next_schedule():
+    driver = Driver(make_capacity(max_num_seqs=1))
+    driver.add("a", prompt(0, 4), max_tokens=50)
+    driver.add("b", prompt(100, 4), max_tokens=3)
+    driver.step()
+    assert driver.abort("a").finish_reason is FinishReason.ABORT
+    assert driver.abort("a") is None  # already gone
+    batch = driver.step()
+    assert [c.seq_id for c in batch.chunks] == [driver.seq_ids["b"]]
+    assert driver.seq_ids["a"] in batch.released_seq_ids
+
+
+# ---- prefix cache --------------------------------------------------------------
+
+SHARED = prompt(0, 40)
+
+
+def test_prefix_of_a_finished_request_is_reused():
+    driver = Driver(make_capacity(max_num_seqs=2))
+    driver.add("first", SHARED + [500, 501], max_tokens=3)
+    driver.run()
+    prefill_before = driver.scheduler.counters.num_prefill_tokens
+    driver.add("second", SHARED + [600, 601, 602], max_tokens=3)
+    batch = driver.step()
+    chunk = driver.chunk(batch, "second")
+    assert chunk.start_pos == 40 and len(chunk.token_ids) == 3
+    assert KvOp("keep", chunk.slot, 40) in batch.kv_ops
+    driver.run()
+    assert driver.records["second"].last.num_cached_tokens == 40
+    assert driver.scheduler.counters.num_prefill_tokens - prefill_before == 3
+    assert driver.records["second"].token_ids == run_alone(SHARED + [600, 601, 602], max_tokens=3)
+
+
+def test_prefix_of_a_running_request_is_copied():
+    driver = Driver(make_capacity(max_num_seqs=2))
+    driver.add("running", SHARED + [500], max_tokens=20)
+    driver.step()
+    driver.add("second", SHARED + [600, 601], max_tokens=3)
+    batch = driver.step()
+    chunk = driver.chunk(batch, "second")
+    source = driver.chunk(batch, "running").slot
+    assert KvOp("copy", chunk.slot, 40, src=source) in batch.kv_ops
+    assert chunk.start_pos == 40
+    driver.run()
+    assert driver.records["second"].last.num_cached_tokens == 40
+    assert driver.records["second"].token_ids == run_alone(SHARED + [600, 601], max_tokens=3)
+    assert driver.records["running"].token_ids == run_alone(SHARED + [500], max_tokens=20)
+
+
+def test_without_prefix_cache_nothing_is_reused():
+    driver = Driver(make_capacity(max_num_seqs=2), config=SchedulerConfig(enable_prefix_cache=False))
+    driver.add("first", SHARED + [500], max_tokens=3)
+    driver.run()
+    driver.add("second", SHARED + [600], max_tokens=3)
+    driver.run()
+    assert driver.records["second"].last.num_cached_tokens == 0
+
+
+# ---- KV exhaustion -------------------------------------------------------------
+
+
+def run_counting_preemptions_mid_prompt(driver: Driver) -> int:
+    """Runs to the end; counts preemptions of sequences that had not finished
+    computing their prompt yet (work thrown away before it paid off)."""
+    count = 0
+    prefilling = preemptions_of_prefilling(driver)
+    for _ in driver.steps():
+        now = {s.seq_id: s.num_preemptions for s in driver.scheduler.sequences()}
+        count += sum(1 for seq_id, n in prefilling.items() if now.get(seq_id, n) > n)
+        prefilling = preemptions_of_prefilling(driver)
+    return count
+
+
+def preemptions_of_prefilling(driver: Driver) -> dict[int, int]:
+    """num_preemptions by seq_id of running sequences still computing a prompt."""
+    return {
+        s.seq_id: s.num_preemptions
+        for s in driver.scheduler.sequences()
+        if s.status is SeqStatus.RUNNING and s.num_tokens - s.num_computed_tokens > 1
+    }
+
+
+def test_kv_exhaustion_preempts_and_never_truncates():
+    # Four requests grow to 27 cells each; the cache holds 40.
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=16, kv_tokens=40, n_ctx=40))
+    for i in range(4):
+        driver.clock.advance(0.1)
+        driver.add(f"r{i}", prompt(100 * i, 8), max_tokens=20)
+    assert run_counting_preemptions_mid_prompt(driver) == 0  # no thrashing
+    assert driver.scheduler.counters.num_preemptions > 0
+    for i in range(4):
+        record = driver.records[f"r{i}"]
+        assert record.last.finish_reason is FinishReason.LENGTH
+        assert record.token_ids == run_alone(prompt(100 * i, 8), max_tokens=20)
+
+
+def test_kv_exhaustion_with_simultaneous_arrivals_evicts_the_latest():
+    # Equal deadlines: the tie is broken by arrival order, as everywhere else.
+    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=16, kv_tokens=24, n_ctx=24))
+    driver.add("first", prompt(0, 6), max_tokens=14)
+    driver.add("second", prompt(100, 6), max_tokens=14)
+    driver.run()
+    assert driver.records["first"].finish_time < driver.records["second"].finish_time
+    assert driver.records["second"].token_ids == run_alone(prompt(100, 6), max_tokens=14)
+
+
+# ---- stop conditions -----------------------------------------------------------
+
+
+def run_one(next_token=hashed_next_token, capacity=None, num_prompt_tokens: int = 4, **sampling):  # type: ignore[no-untyped-def]
+    driver = Driver(capacity or make_capacity(), next_token=next_token)
+    driver.add("r", prompt(0, num_prompt_tokens), **sampling)
+    driver.run()
+    return driver.records["r"]
+
+
+def test_eos_stops_without_emitting_it():
+    record = run_one(scripted_outputs(4, [5, 6, 7, EOS]), max_tokens=50)
+    assert record.token_ids == [5, 6, 7]
+    assert record.text == "t5 t6 t7 "
+    assert record.last.finish_reason is FinishReason.STOP
+    assert record.last.num_output_tokens == 4  # EOS counts as generated
+
+
+def test_ignore_eos_keeps_going():
+    record = run_one(scripted_outputs(4, [5, EOS, 7]), max_tokens=3, ignore_eos=True)
+    assert record.token_ids == [5, EOS, 7]
+    assert record.last.finish_reason is FinishReason.LENGTH
+
+
+def test_stop_token_id_stops_without_emitting_it():
+    record = run_one(scripted_outputs(4, [5, 6, 7, 8]), max_tokens=50, stop_token_ids=(7,))
+    assert record.token_ids == [5, 6]
+    assert record.last.finish_reason is FinishReason.STOP
+
+
+def test_max_tokens_ends_with_length():
+    record = run_one(max_tokens=4)
+    assert len(record.token_ids) == 4
+    assert record.last.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("stop", [{"stop_token_ids": (7,)}, {}])
+def test_min_tokens_defers_eos_and_stop_ids(stop):
+    always = 7 if stop else EOS
+    record = run_one(lambda history: always, max_tokens=50, min_tokens=2, **stop)
+    assert record.token_ids == [always, always]
+    assert record.last.finish_reason is FinishReason.STOP
+
+
+def test_stop_string_spanning_tokens_keeps_only_text_before_it():
+    record = run_one(scripted_outputs(4, [5, 6, 7, 8, 9]), max_tokens=50, stop=("6 t7",))
+    assert record.text == "t5 t"
+    assert record.token_ids == [5, 6, 7]
+    assert record.last.finish_reason is FinishReason.STOP
+
+
+def test_partial_stop_string_is_released_when_the_sequence_ends():
+    record = run_one(scripted_outputs(4, [5, 6, EOS]), max_tokens=50, stop=("6 t7",))
+    assert record.text == "t5 t6 "
+    assert [e.text for e in record.events] == ["t5 ", "t", "6 "]
+
+
+def test_context_limit_ends_with_length():
+    capacity = make_capacity(n_ctx=16, kv_tokens=64)
+    record = run_one(capacity=capacity, num_prompt_tokens=10, max_tokens=100)
+    assert len(record.token_ids) == 6
+    assert record.last.finish_reason is FinishReason.LENGTH
+
+
+# ---- add() validation ------------------------------------------------------------
+
+
+def test_add_rejects_empty_prompt_long_prompt_and_duplicate_id():
+    driver = Driver(make_capacity(n_ctx=16, kv_tokens=64))
+    with pytest.raises(ValueError, match="empty"):
+        driver.add("empty", [])
+    with pytest.raises(ValueError, match="context"):
+        driver.add("long", prompt(0, 16))
+    driver.add("ok", prompt(0, 15), max_tokens=1)
+    with pytest.raises(ValueError, match="already in use"):
+        driver.add("ok", prompt(0, 3))
+    assert driver.scheduler.num_waiting == 1

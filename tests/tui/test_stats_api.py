@@ -1,0 +1,168 @@
+"""The server's stats routes: `GET /api/v1/stats`, `GET /api/v1/stats/stream`
+(SSE) and `POST /api/v1/unload`. Fast tests use an app with no model; the
+slow ones the real server with SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from localserve.api.state import MANAGER
+from localserve.api.stats import add_one_shot_provider, set_batches_provider
+from tests.tui.live import MODEL_ID, LiveServer, empty_app, make_settings, serve
+
+SNAPSHOT_KEYS = {
+    "object",
+    "version",
+    "time",
+    "uptime_s",
+    "process",
+    "models",
+    "loading",
+    "load_errors",
+    "requests",
+    "one_shot",
+    "batches",
+}
+
+
+async def read_events(response: Any, num: int) -> list[dict[str, Any]]:
+    events = []
+    async for raw in response.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+            if len(events) == num:
+                break
+    return events
+
+
+async def test_snapshot_of_a_server_without_models() -> None:
+    async with serve(empty_app()) as client:
+        response = await client.get("/api/v1/stats")
+        assert response.status == 200
+        body = await response.json()
+    assert set(body) == SNAPSHOT_KEYS
+    assert body["object"] == "localserve.stats"
+    assert body["models"] == [] and body["requests"] == [] and body["batches"] == []
+    process = body["process"]
+    assert process["rss_bytes"] > 0 and process["pid"] > 0 and process["num_cpus"] >= 1
+    assert process["cpu_percent"] >= 0
+
+
+async def test_stream_sends_a_snapshot_per_interval() -> None:
+    async with serve(empty_app()) as client:
+        response = await client.get("/api/v1/stats/stream", params={"interval_ms": "100"})
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = await read_events(response, 3)
+        response.close()
+    assert [e["object"] for e in events] == ["localserve.stats"] * 3
+    assert events[0]["uptime_s"] < events[1]["uptime_s"] < events[2]["uptime_s"]
+
+
+async def test_stream_ends_when_the_server_shuts_down() -> None:
+    client = serve(empty_app())
+    await client.start_server()
+    response = await client.get("/api/v1/stats/stream")
+    await read_events(response, 1)
+    # The server stops while the client still reads: the stream must end at
+    # once, not hold the shutdown for its whole timeout (60 s here).
+    await asyncio.wait_for(client.server.close(), 10)
+    await asyncio.wait_for(response.content.read(), 5)  # the stream has ended
+    await client.close()
+
+
+async def test_stream_rejects_a_bad_interval() -> None:
+    async with serve(empty_app()) as client:
+        response = await client.get("/api/v1/stats/stream", params={"interval_ms": "soon"})
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "interval_ms"
+
+
+async def test_hooks_add_batches_and_one_shot_stats() -> None:
+    app = empty_app()
+    batch = {
+        "id": "batch_1",
+        "object": "batch",
+        "status": "in_progress",
+        "endpoint": "/v1/chat/completions",
+        "request_counts": {"total": 10, "completed": 4, "failed": 1},
+        "metadata": {"model": "m"},
+        "created_at": 1700000000,
+    }
+    set_batches_provider(app, lambda: [batch])
+    add_one_shot_provider(app, "embeddings", lambda: {"queued": 2, "padding_ratio": 0.1})
+    add_one_shot_provider(app, "broken", lambda: 1 / 0)  # a failing hook leaves the rest intact
+    async with serve(app) as client:
+        body = await (await client.get("/api/v1/stats")).json()
+    assert body["batches"] == [
+        {
+            "id": "batch_1",
+            "status": "in_progress",
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "request_counts": {"total": 10, "completed": 4, "failed": 1},
+            "created_at": 1700000000,
+        }
+    ]
+    assert body["one_shot"] == {"embeddings": {"queued": 2, "padding_ratio": 0.1}, "broken": {}}
+
+
+async def test_one_shot_models_of_the_manager_are_listed() -> None:
+    app = empty_app()
+    batcher = SimpleNamespace(stats=lambda: {"queue_items": 3, "mean_batch_size": 8.0}, close=lambda: None)
+    model = SimpleNamespace(kind="embeddings", batcher=batcher, backend=SimpleNamespace(close=lambda: None))
+    app[MANAGER].oneshot["minilm"] = model  # type: ignore[assignment]
+    async with serve(app) as client:
+        body = await (await client.get("/api/v1/stats")).json()
+    assert body["one_shot"] == {"minilm": {"kind": "embeddings", "queue_items": 3, "mean_batch_size": 8.0}}
+
+
+async def test_stats_need_the_api_key() -> None:
+    async with serve(empty_app(api_key="k")) as client:
+        assert (await client.get("/api/v1/stats")).status == 401
+        assert (await client.get("/api/v1/stats/stream")).status == 401
+        assert (await client.get("/api/v1/stats", headers={"Authorization": "Bearer k"})).status == 200
+
+
+async def test_unload_of_an_unknown_model_is_a_404() -> None:
+    async with serve(empty_app()) as client:
+        response = await client.post("/api/v1/unload", json={"model": "nope"})
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "model_not_found"
+        response = await client.post("/api/v1/unload", json={})
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "model"
+
+
+@pytest.mark.slow
+def test_snapshot_of_the_real_model(live: LiveServer) -> None:
+    body = httpx.get(f"{live.base_url}/api/v1/stats", timeout=30, trust_env=False).json()
+    (model,) = body["models"]
+    assert model["id"] == MODEL_ID and model["backend"] == "llamacpp" and model["device"]
+    assert set(model["running"]) == set(model["waiting"]) == {"interactive", "default", "batch"}
+    assert model["kv_total"] > 0 and model["max_num_seqs"] == 4 and model["n_ctx"] == 1024
+    for key in ("decode_tokens_per_s", "prefill_tokens_per_s", "ttft_p95_s", "itl_p50_s", "prefix_cache_hit_rate"):
+        assert isinstance(model[key], float | int), key
+    assert "requests" not in model
+
+
+@pytest.mark.slow
+def test_unload_stops_serving_the_model() -> None:
+    server = LiveServer(make_settings()).start().wait_healthy()
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60, trust_env=False) as http:
+            response = http.post("/api/v1/unload", json={"model": MODEL_ID})
+            assert response.status_code == 200
+            assert response.json() == {"object": "model.unloaded", "model": MODEL_ID}
+            assert http.get("/v1/models").json()["data"] == []
+            assert http.get("/api/v1/stats").json()["models"] == []
+            assert http.post("/api/v1/unload", json={"model": MODEL_ID}).status_code == 404
+    finally:
+        server.stop()
