@@ -3,7 +3,9 @@ environment variables (flags win)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_PORT = 8400
@@ -29,3 +31,23 @@ class ServerSettings:
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400
+    data_dir: str = ""  # batch files and job state; "" = data_home()
+    batch_max_lines: int = 50_000  # requests in one batch input file (OpenAI's limit)
+    batch_max_file_bytes: int = 200 * 1024 * 1024  # largest uploaded file (OpenAI's limit)
+    batch_concurrency: int = 0  # batch requests in flight per model; 0 = the model's slots
+
+    def data_path(self) -> Path:
+        """`data_dir` if set, else `data_home()`."""
+        return Path(self.data_dir).expanduser() if self.data_dir else data_home()
+
+
+def data_home() -> Path:
+    """Where localserve keeps its data (models, batch files, job state):
+    `$LOCALSERVE_HOME`, else the platform's user data directory
+    (e.g. ~/.local/share/localserve)."""
+    home = os.environ.get("LOCALSERVE_HOME", "").strip()
+    if home:
+        return Path(home).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("localserve", appauthor=False))

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api import audio, embeddings
+from localserve.api import audio, batches, embeddings
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
 from localserve.api.generation import request_ids
@@ -64,6 +64,7 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
     embeddings.register(app)  # /v1/embeddings
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
+    batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)
     return app
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -13,12 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.api.middleware import parse_body
 from localserve.api.oneshot import PREFIXES, setup_oneshot, oneshot_model, usage_tokens
-from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.models.oneshot import EMBEDDINGS
 
 MAX_INPUTS = 2048  # as OpenAI
+
+
+class Embedder(Protocol):
+    """What this route needs of an embeddings backend (llama.cpp or ONNX Runtime)."""
+
+    n_embd: int
+
+    def tokenize(self, text: str) -> tuple[int, ...]: ...
+
+    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
 
 
 class EmbeddingRequest(BaseModel):
@@ -67,7 +77,7 @@ def register(app: web.Application) -> None:
 async def create_embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, EmbeddingRequest)
     model = oneshot_model(request, body.model, EMBEDDINGS)
-    backend: LlamaEmbeddingBackend = model.backend  # type: ignore[assignment]
+    backend: Embedder = model.backend  # type: ignore[assignment]
     if body.dimensions is not None and body.dimensions != backend.n_embd:
         raise InvalidRequestError(
             f"model {body.model!r} does not support 'dimensions' other than its own {backend.n_embd}",
@@ -81,7 +91,7 @@ async def create_embeddings(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data, "model": body.model, "usage": usage_tokens(num_tokens)})
 
 
-def _token_lists(backend: LlamaEmbeddingBackend, inputs: list[str | list[int]]) -> list[tuple[int, ...]]:
+def _token_lists(backend: Embedder, inputs: list[str | list[int]]) -> list[tuple[int, ...]]:
     """Tokenize texts, check token lists; 400 naming the bad input."""
     items = []
     for i, entry in enumerate(inputs):

@@ -2,8 +2,8 @@
 
 Unknown fields are accepted and ignored, as OpenAI's API does, so clients
 that send newer parameters keep working. Fields that would change the answer
-in a way this server cannot honour (image parts, `suffix`, `echo` with
-`logprobs`) are refused with a 400 that names them.
+in a way this server cannot honour (image parts, `echo` with `logprobs`)
+are refused with a 400 that names them.
 """
 
 from __future__ import annotations
@@ -65,10 +65,55 @@ def _text_of(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(texts)
 
 
+MAX_TOOLS = 128
+FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
+
+
+class FunctionDef(_Model):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None
+
+
+class ToolDef(_Model):
+    """One entry of `tools` (the only tool type is a function)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionName(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ToolCallFunction(_Model):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; Ollama an object
+
+
+class ToolCall(_Model):
+    """A tool call of an earlier assistant message in the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
 
     @field_validator("content")
     @classmethod
@@ -83,6 +128,10 @@ class ChatMessage(_Model):
         message: dict[str, Any] = {"role": role, "content": _text_of(self.content)}
         if self.name:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -141,6 +190,27 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[ToolDef] | None) -> list[ToolDef] | None:
+        names = [tool.function.name for tool in value or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("every function needs its own name")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, value: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        names = [tool.function.name for tool in info.data.get("tools") or ()]
+        if value == "required" and not names:
+            raise ValueError("'required' needs at least one entry in 'tools'")
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise ValueError(f"the function {value.function.name!r} is not in 'tools'")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod
@@ -193,13 +263,6 @@ class CompletionRequest(SamplingFields):
                 raise ValueError(f"at most {MAX_PROMPTS} prompts are allowed in one request")
             return value
         raise ValueError(_PROMPT_SHAPES)
-
-    @field_validator("suffix")
-    @classmethod
-    def _check_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix (fill-in-the-middle) is not supported on /v1/completions; use /infill")
-        return value
 
     @field_validator("logprobs")
     @classmethod

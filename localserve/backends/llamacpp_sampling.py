@@ -84,7 +84,9 @@ def _samplers(params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: i
     return out
 
 
-def token_logprob(ctx: llama_cpp.llama_context_p, batch_index: int, n_vocab: int, token_id: int, num_top: int) -> TokenLogprob:
+def token_logprob(
+    ctx: llama_cpp.llama_context_p, batch_index: int, n_vocab: int, token_id: int, num_top: int
+) -> TokenLogprob:
     """Log-probability of `token_id` under the model's raw distribution at
     `batch_index`, with the `num_top` most likely alternatives."""
     pointer = llama_cpp.llama_get_logits_ith(ctx, batch_index)

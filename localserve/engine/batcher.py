@@ -208,7 +208,10 @@ class Batcher(Generic[ItemT, OutputT]):
                     continue
                 deadline = min(e.arrival for e in self._pending) + cfg.max_wait_ms / 1000.0
                 remaining = deadline - time.monotonic()
-                full = len(self._pending) >= cfg.max_batch_size or sum(e.size for e in self._pending) >= cfg.max_batch_tokens
+                full = (
+                    len(self._pending) >= cfg.max_batch_size
+                    or sum(e.size for e in self._pending) >= cfg.max_batch_tokens
+                )
                 if full or remaining <= 0:
                     return self._take()
                 self._cond.wait(remaining)
@@ -276,7 +279,9 @@ class Batcher(Generic[ItemT, OutputT]):
                 raise BackendError(f"the backend returned {len(outputs)} outputs for {len(group)} items")
         except Exception as exc:
             log.exception("batch of %d items on %s failed", len(group), self.name)
-            error = exc if isinstance(exc, LocalServeError) else BackendError(f"the backend failed in this batch: {exc}")
+            error = (
+                exc if isinstance(exc, LocalServeError) else BackendError(f"the backend failed in this batch: {exc}")
+            )
             self._record(group, started, failed=True)
             for request in {id(e.request): e.request for e in group}.values():
                 _post(request, _fail, request, error)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from localserve.engine.output import OutputText
-from localserve.engine.sequence import Sequence, SeqStatus, Slot, common_prefix_len
+from localserve.engine.sequence import SeqStatus, Sequence, Slot, common_prefix_len
 from localserve.engine.types import (
     Capacity,
     FinishReason,
@@ -50,6 +50,7 @@ from localserve.engine.types import (
     StepBatch,
     StepResult,
     TokenEvent,
+    TokenLogprob,
 )
 
 
@@ -345,17 +346,18 @@ class Scheduler:
             sampling=seq.sampling,
         )
 
-    def _append_token(self, seq: Sequence, token_id: int, logprob, now: float) -> TokenEvent:  # type: ignore[no-untyped-def]
+    def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> TokenEvent:
         seq.token_ids.append(token_id)
         if seq.first_token_time == 0.0:
             seq.first_token_time = now
         seq.last_token_time = now
         params = seq.sampling
         may_stop = seq.num_output_tokens > params.min_tokens
-        text, emitted = "", (token_id,)
-        if may_stop and not params.ignore_eos and token_id in self._eog:
-            reason, emitted = FinishReason.STOP, ()
-        elif may_stop and token_id in params.stop_token_ids:
+        text = ""
+        emitted: tuple[int, ...] = (token_id,)
+        reason: FinishReason | None
+        is_eog = not params.ignore_eos and token_id in self._eog
+        if may_stop and (is_eog or token_id in params.stop_token_ids):
             reason, emitted = FinishReason.STOP, ()
         else:
             text = seq.output.push(self._token_bytes(token_id))
@@ -383,7 +385,9 @@ class Scheduler:
         self._released.append(seq.seq_id)
         self.counters.num_finished += 1
 
-    def _event(self, seq: Sequence, token_ids: tuple[int, ...], text: str, *, logprobs=(), error: str | None = None) -> TokenEvent:  # type: ignore[no-untyped-def]
+    def _event(
+        self, seq: Sequence, token_ids: tuple[int, ...], text: str, *, logprobs=(), error: str | None = None
+    ) -> TokenEvent:  # type: ignore[no-untyped-def]
         return TokenEvent(
             request_id=seq.request_id,
             token_ids=token_ids,

@@ -5,6 +5,7 @@ messages and receives token events through `loop.call_soon_threadsafe`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -171,10 +172,8 @@ class StepWorker:
             self._post(events)
 
     def _post(self, events: list[TokenEvent]) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(self._dispatch, events)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
 
     def _fail_everything(self, message: str, events: list[TokenEvent] | None = None) -> None:
         events = events if events is not None else []

@@ -91,13 +91,35 @@ def cached_gguf(
     """The GGUF of the sentence-transformers folder `source`, converted now
     if the store has no up-to-date copy (keyed by the source's weights)."""
     model = read_sentence_transformers(source)
-    stat = model.weights.stat()
-    fingerprint = f"{model.weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{out_type}|v{CONVERTER_VERSION}"
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-    target = model_store() / name / f"{name}-{out_type}-{digest}.gguf"
+    target = store_target(model, name, f"{out_type}.gguf")
     if target.is_file() and not force:
         return target
     return convert_bert_to_gguf(model, target, out_type=out_type, progress=progress)
+
+
+def store_target(model: SentenceTransformersModel, name: str, suffix: str) -> Path:
+    """`<store>/<name>/<name>-<digest>-<suffix>`, the digest keyed by the
+    source weights and the converter, so a changed source converts again."""
+    stat = model.weights.stat()
+    fingerprint = f"{model.weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{suffix}|v{CONVERTER_VERSION}"
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+    return model_store() / name / f"{name}-{digest}-{suffix}"
+
+
+def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary file beside `target`, then rename it
+    into place: readers never see a half-written model."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
 
 
 def convert_bert_to_gguf(
@@ -109,11 +131,9 @@ def convert_bert_to_gguf(
 
     if out_type not in OUT_TYPES:
         raise InvalidRequestError(f"unknown output type {out_type!r}; use one of {', '.join(OUT_TYPES)}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    num_tensors = [0]
+
+    def write(tmp: Path) -> None:
         with safe_open(str(model.weights), framework="numpy") as weights:
             tensors = _plan_tensors(weights, model.config, out_type)
             writer = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT])
@@ -124,18 +144,16 @@ def convert_bert_to_gguf(
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            total = len(tensors)
+            num_tensors[0] = len(tensors)
             for done, (gguf_name, (hf_name, dtype, _)) in enumerate(tensors.items()):
                 if progress is not None:
-                    progress(gguf_name, done, total)
+                    progress(gguf_name, done, len(tensors))
                 writer.write_tensor_data(np.ascontiguousarray(weights.get_tensor(hf_name), dtype=dtype))
             writer.close()
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    write_atomically(target, write)
     if progress is not None:
-        progress("done", len(tensors), len(tensors))
+        progress("done", num_tensors[0], num_tensors[0])
     return target
 
 

@@ -15,14 +15,26 @@ BAR_WIDTH = 30
 def add_convert_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert an embeddings model to GGUF into the model store (no torch needed)",
+        help="convert an embeddings model to GGUF or ONNX into the model store (no torch needed)",
         description="Convert a sentence-transformers BERT folder (a built-in ID such as all-minilm-l6-v2, "
-        "a PATH, or ID=PATH) to a llama.cpp GGUF in the model store ($LOCALSERVE_HOME/models, else the "
+        "a PATH, or ID=PATH) to a llama.cpp GGUF or an ONNX graph in the model store ($LOCALSERVE_HOME/models, else the "
         "user data directory). `serve` does this on first load; run it ahead to see progress. "
         "Prints the GGUF's path.",
     )
-    parser.add_argument("model", metavar="MODEL", help="a built-in ID, a PATH to a sentence-transformers folder, or ID=PATH")
-    parser.add_argument("--type", dest="out_type", choices=("f32", "f16"), default="f32", help="weight type (default: f32)")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a built-in ID, a PATH to a sentence-transformers folder, or ID=PATH"
+    )
+    parser.add_argument(
+        "--format",
+        dest="out_format",
+        choices=("gguf", "onnx"),
+        default="gguf",
+        help="gguf (llama.cpp, what `serve` uses for a built-in ID) or onnx (ONNX Runtime; serve it "
+        "with --model ID=PATH.onnx) (default: gguf)",
+    )
+    parser.add_argument(
+        "--type", dest="out_type", choices=("f32", "f16"), default="f32", help="GGUF weight type (default: f32)"
+    )
     parser.add_argument("--force", action="store_true", help="convert again even if the store has an up-to-date copy")
     parser.set_defaults(handler=cmd_convert)
 
@@ -41,7 +53,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         )
     started = time.monotonic()
     bar = ProgressBar(f"converting {spec.model_id}", sys.stderr)
-    path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=bar)
+    if args.out_format == "onnx":
+        from localserve.models.convert_onnx import cached_onnx
+
+        path = cached_onnx(spec.path, spec.model_id, force=args.force, progress=bar)
+    else:
+        path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=bar)
     bar.finish(path, time.monotonic() - started)
     print(path)
     return 0

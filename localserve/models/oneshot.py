@@ -49,6 +49,8 @@ def detect_labels(path: Path) -> tuple[str, ...]:
         return ()
     if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
         return (EMBEDDINGS,)
+    if path.suffix.lower() == ".onnx" and path.with_name(path.stem + ".tokenizer.json").is_file():
+        return (EMBEDDINGS,)  # what `localserve convert --format onnx` writes
     return ("chat",)
 
 
@@ -84,6 +86,11 @@ def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings)
     if kind == EMBEDDINGS:
         from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
 
+        if path.suffix.lower() == ".onnx":
+            from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
+
+            onnx_config = OnnxEmbeddingConfig(str(path), device=settings.device, n_threads=settings.threads)
+            return OneShotOpened(OnnxEmbeddingBackend(onnx_config), batching, path)
         gguf_path = path
         if path.is_dir():
             from localserve.models.convert import cached_gguf

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -145,6 +146,7 @@ def make_settings(**overrides: Any) -> ServerSettings:
         "kv_size": 8192,
         "batch_tokens": 512,
         "max_queue": 64,
+        "data_dir": tempfile.mkdtemp(prefix="localserve-test-data-"),  # batch jobs: never the user's own
     }
     base.update(overrides)
     return ServerSettings(**base)

@@ -151,3 +151,24 @@ def test_an_unknown_model_is_a_404(http: httpx.Client) -> None:
 def test_chat_on_an_embeddings_model_says_where_to_go(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 400 and "/v1/embeddings" in response.json()["error"]["message"]
+
+
+def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, tmp_path_factory) -> None:
+    from localserve.models.convert_onnx import cached_onnx
+    from localserve.models.registry import resolve
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("onnx-home")))
+        path = cached_onnx(resolve(MODEL).path, MODEL)
+    srv = ServerThread(make_settings(models=[f"minilm-onnx={path}"], threads=2)).start()
+    try:
+        srv.wait_healthy(timeout=120)
+        onnx_client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        texts = sentences(12)
+        from_onnx = vectors(onnx_client.embeddings.create(model="minilm-onnx", input=texts))
+        stats = srv.call(lambda: srv.manager.oneshot_stats())["minilm-onnx"]
+        assert stats["padding_free"] is False and stats["items"] == 12
+    finally:
+        srv.stop()
+    from_llama = vectors(client.embeddings.create(model=MODEL, input=texts))
+    assert np.min(np.sum(from_onnx * from_llama, axis=1)) > 0.9999

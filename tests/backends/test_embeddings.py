@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 converted to GGUF (no torch) and run by llama.cpp.
+"""all-MiniLM-L6-v2 converted (no torch) to GGUF for llama.cpp and to ONNX for ONNX Runtime.
 
 The converted model is checked against a plain-numpy BERT forward pass over
 the original safetensors weights, and its tokenizer against the model's own
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
 from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.errors import ContextLengthError, InvalidRequestError
 from localserve.models.convert import cached_gguf, read_sentence_transformers
@@ -230,3 +231,63 @@ def test_cpu_threads_setting_is_respected(gguf_path: Path) -> None:
         assert len(vectors) == 10
     finally:
         b.close()
+
+
+# ---- ONNX Runtime: the same weights as a hand-built ONNX graph -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_backend(source: Path, store: Path) -> Iterator[OnnxEmbeddingBackend]:
+    from localserve.models.convert_onnx import cached_onnx
+
+    path = cached_onnx(source, "all-minilm-l6-v2")
+    assert path.is_relative_to(store) and detect_labels(path) == ("embeddings",)
+    b = OnnxEmbeddingBackend(OnnxEmbeddingConfig(str(path), n_threads=2))
+    yield b
+    b.close()
+
+
+def test_onnx_embeddings_equal_the_numpy_bert_and_llama_cpp(
+    onnx_backend: OnnxEmbeddingBackend, backend: LlamaEmbeddingBackend, source: Path
+) -> None:
+    items = [onnx_backend.tokenize(t) for t in TEXTS[:4]]
+    assert items == [backend.tokenize(t) for t in TEXTS[:4]]
+    for item, onnx_vector, llama_vector in zip(items, onnx_backend.run(items), backend.run(items), strict=True):
+        assert onnx_vector.shape == (384,)
+        assert cosine(onnx_vector, numpy_minilm(source, list(item))) > 0.9999
+        assert cosine(onnx_vector, llama_vector) > 0.9999
+
+
+def test_onnx_padded_batches_equal_one_by_one(onnx_backend: OnnxEmbeddingBackend) -> None:
+    assert not onnx_backend.padding_free
+    items = [onnx_backend.tokenize(t) for t in sentences(16)]
+    for item, vector in zip(items, onnx_backend.run(items), strict=True):  # padded to the longest
+        assert cosine(vector, onnx_backend.run([item])[0]) > 0.9999
+
+
+async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: OnnxEmbeddingBackend) -> None:
+    texts = sentences(48)
+    ratios = {}
+    for by_length in (False, True):
+        batcher = Batcher("onnx", onnx_backend, BatcherConfig(max_wait_ms=30, max_batch_size=48, group_by_length=by_length))
+        results = await asyncio.gather(*(batcher.submit([onnx_backend.tokenize(t)]) for t in texts))
+        assert len(results) == 48
+        ratios[by_length] = batcher.stats()["padding_ratio"]
+        await asyncio.to_thread(batcher.close)
+    assert ratios[True] < 0.3 and ratios[True] < ratios[False] / 2
+
+
+def test_the_convert_command_shows_progress_and_prints_the_path(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localserve.cli import main
+
+    assert main(["convert", "all-minilm-l6-v2", "--type", "f16"]) == 0
+    out, err = capsys.readouterr()
+    path = Path(out.strip())
+    assert path.is_file() and path.is_relative_to(store) and path.name.endswith("-f16.gguf")
+    assert "converting all-minilm-l6-v2 [" in err and "101/101 done" in err and "converted in" in err
+    assert main(["convert", "all-minilm-l6-v2", "--type", "f16"]) == 0
+    assert "already converted" in capsys.readouterr().err
+    assert main(["convert", "whisper-tiny.en"]) == 1
+    assert "nothing to convert" in capsys.readouterr().err

@@ -119,7 +119,7 @@ def stated_worst_case_finish(aging_s: float, priority: float = 2.0, arrival: flo
     """The scheduler docstring's bound: (p - p_min) * aging_s, plus the service
     time of the requests that arrived before that moment (spread over the
     slots), plus the request's own service time."""
-    num_ahead = math.floor(arrival + priority * aging_s)  # priority-0 arrivals at t=0,1,2,... before then
+    num_ahead = math.ceil(arrival + priority * aging_s)  # priority-0 arrivals at t=0,1,2,... before then
     service_ahead = math.ceil(num_ahead / OVERLOAD_SLOTS) * INTERACTIVE_STEPS
     return arrival + priority * aging_s + service_ahead + INTERACTIVE_STEPS
 
@@ -223,6 +223,21 @@ def test_prefix_of_a_running_request_is_copied():
     assert driver.records["second"].last.num_cached_tokens == 40
     assert driver.records["second"].token_ids == run_alone(SHARED + [600, 601], max_tokens=3)
     assert driver.records["running"].token_ids == run_alone(SHARED + [500], max_tokens=20)
+
+
+def test_preempted_request_resumes_from_the_prefix_left_in_its_slot():
+    driver = Driver(make_capacity(max_num_seqs=1))
+    driver.add("low", SHARED + [500], priority=2.0, max_tokens=6)
+    driver.step()
+    driver.add("high", SHARED + [600], priority=0.0, max_tokens=3)
+    assert driver.chunk(driver.step(), "high").start_pos == 40  # took the slot, kept the prefix
+    for _ in range(2):  # the rest of high's three tokens
+        driver.step()
+    assert driver.records["high"].finished
+    resumed = driver.chunk(driver.step(), "low")
+    assert resumed.start_pos == 40 and resumed.token_ids[:1] == (500,)
+    driver.run()
+    assert driver.records["low"].token_ids == run_alone(SHARED + [500], max_tokens=6)
 
 
 def test_without_prefix_cache_nothing_is_reused():

@@ -1,0 +1,207 @@
+"""`GET /metrics`: Prometheus text exposition (prometheus-client), one
+registry per app.
+
+Read at scrape time from `Engine.stats()` and the model manager (nothing
+is copied on the hot path):
+
+* `localserve_prompt_tokens_total`, `localserve_generation_tokens_total`,
+  `localserve_prefix_cache_hit_tokens_total`, `localserve_preemptions_total`
+* `localserve_queue_depth{priority}` (waiting requests by priority class),
+  `localserve_running_sequences`, `localserve_requests_in_flight`
+* `localserve_kv_cache_used_tokens`, `localserve_kv_cache_capacity_tokens`,
+  `localserve_last_batch_size` (sequences in the last step)
+* `localserve_model_load_seconds{kind}` for every loaded model
+* one-shot batchers (embeddings, speech): `localserve_oneshot_padding_ratio`,
+  `localserve_oneshot_mean_batch_size`, `localserve_oneshot_queue_items`,
+  `localserve_oneshot_items_total`, `localserve_oneshot_batches_total`
+
+Observed as they happen:
+
+* `localserve_requests_total{model, endpoint, status}` by `metrics_middleware`
+  (endpoint: the route's pattern; `model`: what the handler noted with
+  `note_model`, empty where it noted none)
+* `localserve_time_to_first_token_seconds` and
+  `localserve_inter_token_latency_seconds` histograms, fed by the
+  `LatencyObserver` that handlers give their `MergedStreams`
+
+Every metric carries a `model` label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from localserve.api.generation import LatencyObserver
+from localserve.api.state import MANAGER
+from localserve.engine.types import PRIORITY_ALIASES
+from localserve.models.registry import ModelManager
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MODEL_KEY = "localserve.model"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
+CLIENT_CLOSED = 499  # nginx's code for "the client went away first"
+
+
+class Metrics:
+    """The app's registry, its event metrics, and the scrape-time collector."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "localserve_requests",
+            "HTTP requests answered, by model, endpoint (route pattern) and status",
+            ["model", "endpoint", "status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "localserve_time_to_first_token_seconds",
+            "Time from submission to a request's first generated token",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "localserve_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of one request",
+            ["model"],
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(ServerCollector(manager))
+
+    def observer(self, model_id: str) -> LatencyObserver:
+        ttft, itl = self.ttft.labels(model_id), self.itl.labels(model_id)
+
+        def observe(kind: str, seconds: float) -> None:
+            (ttft if kind == "ttft" else itl).observe(seconds)
+
+        return observe
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def register(app: web.Application) -> None:
+    """Add `/metrics` and the app's registry (`metrics_middleware` must be in
+    the app's middlewares to count requests)."""
+    app[METRICS] = Metrics(app[MANAGER])
+    app.router.add_get("/metrics", scrape)
+
+
+def note_model(request: web.Request, model_id: str) -> None:
+    """Label this request's count with `model_id`."""
+    request[MODEL_KEY] = model_id
+
+
+def latency_observer(request: web.Request, model_id: str) -> LatencyObserver | None:
+    """The TTFT/inter-token observer for `model_id`, if this app has metrics."""
+    metrics = request.app.get(METRICS)
+    return metrics.observer(model_id) if metrics is not None else None
+
+
+async def scrape(request: web.Request) -> web.Response:
+    """`GET /metrics`."""
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count every request by model, route and final status (outermost, so
+    error envelopes are counted with their status)."""
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        metrics = request.app.get(METRICS)
+        if metrics is not None:
+            metrics.requests.labels(request.get(MODEL_KEY, ""), _endpoint(request), str(status)).inc()
+
+
+def _endpoint(request: web.Request) -> str:
+    # The pattern, not the path: ids in paths must not explode the label set.
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+class ServerCollector(Collector):
+    """Engine and one-shot batcher figures, read at each scrape."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._generative(self.manager.engine.stats())
+        yield from self._load_times()
+        yield from self._oneshot(self.manager.oneshot_stats())
+
+    def _generative(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+        m = ["model"]
+        prompt = CounterMetricFamily("localserve_prompt_tokens", "Prompt tokens of finished requests", labels=m)
+        generated = CounterMetricFamily("localserve_generation_tokens", "Generated tokens of finished requests", labels=m)
+        cached = CounterMetricFamily("localserve_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache", labels=m)
+        preempted = CounterMetricFamily("localserve_preemptions", "Sequences preempted to make room", labels=m)
+        queue = GaugeMetricFamily("localserve_queue_depth", "Requests waiting, by priority class", labels=[*m, "priority"])
+        running = GaugeMetricFamily("localserve_running_sequences", "Sequences holding a KV slot", labels=m)
+        in_flight = GaugeMetricFamily("localserve_requests_in_flight", "Requests submitted and not finished", labels=m)
+        kv_used = GaugeMetricFamily("localserve_kv_cache_used_tokens", "KV cache cells in use", labels=m)
+        kv_total = GaugeMetricFamily("localserve_kv_cache_capacity_tokens", "KV cache cells in all", labels=m)
+        batch = GaugeMetricFamily("localserve_last_batch_size", "Sequences in the last engine step", labels=m)
+        for model_id, s in stats.items():
+            # The step thread publishes its snapshot at most every 100 ms; with
+            # nothing in flight, nothing runs or waits (see api.stats).
+            idle = not s.get("in_flight")
+            prompt.add_metric([model_id], s.get("total_prompt_tokens", 0))
+            generated.add_metric([model_id], s.get("total_output_tokens", 0))
+            cached.add_metric([model_id], s.get("prefix_cache_hit_tokens", 0))
+            preempted.add_metric([model_id], s.get("preemptions", 0))
+            for name in PRIORITY_ALIASES:
+                queue.add_metric([model_id, name], 0 if idle else s.get("waiting", {}).get(name, 0))
+            running.add_metric([model_id], 0 if idle else sum(s.get("running", {}).values()))
+            in_flight.add_metric([model_id], s.get("in_flight", 0))
+            kv_used.add_metric([model_id], s.get("kv_used", 0))
+            kv_total.add_metric([model_id], s.get("kv_total", 0))
+            sizes = s.get("recent_batch_sizes") or [0]
+            batch.add_metric([model_id], sizes[-1])
+        yield from (prompt, generated, cached, preempted, queue, running, in_flight, kv_used, kv_total, batch)
+
+    def _load_times(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("localserve_model_load_seconds", "How long loading the model took", labels=["model", "kind"])
+        for model_id, loaded in list(self.manager.loaded.items()):
+            family.add_metric([model_id, "generative"], loaded.load_seconds)
+        for model_id, oneshot in list(self.manager.oneshot.items()):
+            family.add_metric([model_id, oneshot.kind], oneshot.load_seconds)
+        yield family
+
+    def _oneshot(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+        labels = ["model", "kind"]
+        padding = GaugeMetricFamily("localserve_oneshot_padding_ratio", "Padding computed per real item size, since start", labels=labels)
+        size = GaugeMetricFamily("localserve_oneshot_mean_batch_size", "Items per backend run, since start", labels=labels)
+        queued = GaugeMetricFamily("localserve_oneshot_queue_items", "Items waiting for a batch", labels=labels)
+        items = CounterMetricFamily("localserve_oneshot_items", "Items processed", labels=labels)
+        batches = CounterMetricFamily("localserve_oneshot_batches", "Backend runs", labels=labels)
+        for model_id, s in stats.items():
+            key = [model_id, str(s.get("kind", ""))]
+            padding.add_metric(key, s.get("padding_ratio", 0.0))
+            size.add_metric(key, s.get("mean_batch_size", 0.0))
+            queued.add_metric(key, s.get("queue_items", 0))
+            items.add_metric(key, s.get("items", 0))
+            batches.add_metric(key, s.get("batches", 0))
+        yield from (padding, size, queued, items, batches)

@@ -1,0 +1,233 @@
+"""Tool calling: the tools in the prompt, a grammar that makes the model's
+calls well-formed, and the calls read back out of its text.
+
+**Format.** Every model calls tools the Hermes way, the format Qwen 2.5,
+Hermes, SmolLM3 and most open models are trained on::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one block per call, nothing before the first and only a newline between
+them. A template that renders `tools` itself and already uses `<tool_call>`
+gets the tools and the history as OpenAI structures (`native`); any other
+template (SmolLM2's, for one, does not mention tools) gets a system prompt
+that lists the tools and describes this format, and a history whose tool
+calls and results are written out as text (`<tool_call>` / `<tool_response>`
+blocks, results in a user turn, as Qwen's template does).
+
+**Grammar.** One GBNF grammar, compiled by llama.cpp like `response_format`'s:
+
+* `required` or a named function: `root ::= calls`, so the answer *is* one
+  or more calls (one with `parallel_tool_calls: false`, else at most
+  `MAX_PARALLEL_CALLS`);
+* `auto`: `root ::= calls | text`, where `text` is anything that does not
+  start with `<` (after at most four spaces). The first character decides:
+  `<` commits the model to a well-formed call, anything else to free text.
+  So a reply either starts with calls or is plain text; a call written in
+  the middle of text is not recognised (it is not constrained either).
+
+Each call's `arguments` follow the function's `parameters` schema through
+llama-cpp-python's own JSON-schema converter, so they always parse and
+match it (within what the converter supports: types, properties, required,
+enums, const, items, string lengths, patterns, formats; not numeric ranges).
+llama.cpp's lazy grammars (constrain only after a trigger word) would let a
+model write text before a call, but need trigger support in the sampler; the
+first-character alternation needs nothing beyond a plain grammar.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from localserve.api.schemas import NamedToolChoice, ToolChoice, ToolDef
+from localserve.backends.chat_template import ChatTemplate
+from localserve.errors import InvalidRequestError
+
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+MAX_PARALLEL_CALLS = 8
+
+SYSTEM_PROMPT = """You can call functions ("tools") to help answer. These are the tools, as JSON:
+{tools}
+
+To call a tool, reply with only this, one block per call:
+<tool_call>
+{{"name": "<tool name>", "arguments": {{<the arguments, as JSON>}}}}
+</tool_call>
+{when}"""
+WHEN_AUTO = "If no tool is needed, answer the user directly in plain text."
+WHEN_REQUIRED = "You must call a tool now."
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """The tools in play for one request and how they may be used."""
+
+    tools: tuple[dict[str, Any], ...]  # OpenAI tool objects, for templates and the system prompt
+    required: bool  # the reply must be tool calls (tool_choice required or named)
+    parallel: bool
+    grammar: str
+
+    @property
+    def names(self) -> list[str]:
+        return [tool["function"]["name"] for tool in self.tools]
+
+
+def plan_tools(tools: Sequence[ToolDef] | None, choice: ToolChoice | None, *, parallel: bool) -> ToolPlan | None:
+    """The plan for `tools` under `tool_choice`; None when no tool may be called."""
+    if not tools or choice == "none":
+        return None
+    selected = list(tools)
+    if isinstance(choice, NamedToolChoice):
+        selected = [tool for tool in tools if tool.function.name == choice.function.name]
+    required = choice == "required" or isinstance(choice, NamedToolChoice)
+    objects = tuple(_tool_object(tool) for tool in selected)
+    functions = json.dumps([tool["function"] for tool in objects], sort_keys=True)
+    try:
+        grammar = _grammar(functions, required=required, parallel=parallel)
+    except Exception as exc:  # the converter raises assorted errors (even AssertionError)
+        raise InvalidRequestError(f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools") from None
+    return ToolPlan(objects, required, parallel, grammar)
+
+
+def _tool_object(tool: ToolDef) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.function.name}
+    if tool.function.description:
+        function["description"] = tool.function.description
+    function["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+# ---- the prompt ------------------------------------------------------------------------
+
+
+def renders_tools(template: ChatTemplate) -> bool:
+    """Does the model's own template write the tools, in this module's format?"""
+    return not template.is_default and "tools" in template.source and TOOL_OPEN in template.source
+
+
+def prompt_messages(
+    messages: Sequence[dict[str, Any]], plan: ToolPlan | None, template: ChatTemplate
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages to render, and the `tools` to give the template (None
+    when the template does not take them)."""
+    if renders_tools(template):
+        wants_objects = "arguments | tojson" in template.source or "arguments|tojson" in template.source
+        return [_native_message(m, wants_objects) for m in messages], list(plan.tools) if plan else None
+    out = _inline_history(messages)
+    if plan is not None:
+        out = _with_system_prompt(out, plan)
+    return out, None
+
+
+def _native_message(message: dict[str, Any], wants_objects: bool) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    converted = []
+    for call in calls:
+        function = dict(call["function"])
+        function["arguments"] = _arguments_object(function["arguments"]) if wants_objects else _arguments_text(function["arguments"])
+        converted.append({**call, "function": function})
+    return {**message, "tool_calls": converted}
+
+
+def _inline_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls and results written out as text, for templates that know
+    nothing of them; consecutive results share one user turn."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "tool":
+            block = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": True})
+            continue
+        calls = message.get("tool_calls")
+        if calls:
+            blocks = [format_call(c["function"]["name"], _arguments_object(c["function"]["arguments"])) for c in calls]
+            text = "\n".join(filter(None, [message.get("content") or "", *blocks]))
+            message = {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
+        out.append(message)
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
+
+
+def _with_system_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> list[dict[str, Any]]:
+    tools = "\n".join(json.dumps(tool["function"], ensure_ascii=False) for tool in plan.tools)
+    text = SYSTEM_PROMPT.format(tools=tools, when=WHEN_REQUIRED if plan.required else WHEN_AUTO)
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def format_call(name: str, arguments: Any) -> str:
+    """One call in the model's format (for history written as text)."""
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_OPEN}\n{body}\n{TOOL_CLOSE}"
+
+
+def _arguments_object(arguments: str | dict[str, Any]) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments  # a client's malformed history: keep it as it came
+    return arguments
+
+
+def _arguments_text(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+class ToolTemplate:
+    """A chat template that renders with `tools` (duck-types `ChatTemplate`
+    for `prompts.chat_prompt`)."""
+
+    def __init__(self, template: ChatTemplate, tools: list[dict[str, Any]] | None) -> None:
+        self.template = template
+        self.tools = tools
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=self.tools)
+
+
+# ---- the grammar -----------------------------------------------------------------------
+
+
+def _literal(text: str) -> str:
+    """A GBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
+
+
+@lru_cache(maxsize=64)
+def _grammar(functions_json: str, *, required: bool, parallel: bool) -> str:
+    from llama_cpp.llama_grammar import SchemaConverter  # heavy import, only when asked
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    alternatives = []
+    for i, function in enumerate(json.loads(functions_json)):
+        schema = converter.resolve_refs(copy.deepcopy(function["parameters"]), f"tool{i}")
+        args_rule = converter.visit(schema, f"tool{i}-args")
+        head = _literal('{"name": ' + json.dumps(function["name"]) + ', "arguments": ')
+        alternatives.append(f'{head} {args_rule} "}}"')
+    rules = [
+        f"ls-call ::= {_literal(TOOL_OPEN + chr(10))} ( {' | '.join(alternatives)} ) {_literal(chr(10) + TOOL_CLOSE)}",
+        f'ls-calls ::= ls-call ( "\\n" ls-call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "ls-calls ::= ls-call",
+    ]
+    if required:
+        rules.append("root ::= ls-calls")
+    else:
+        # Free text may not start with "<" (or whitespace, but for a few spaces),
+        # so the first character picks the branch and a call stays constrained.
+        rules.append('ls-text ::= " "{0,4} [^<\\x00-\\x20] [^\\x00]*')
+        rules.append("root ::= ls-calls | ls-text")
+    return converter.format_grammar() + "\n" + "\n".join(rules) + "\n"

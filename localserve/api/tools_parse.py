@@ -1,0 +1,226 @@
+"""Reading tool calls out of a model's text as it streams (see `tools` for
+the format). One parser serves streaming and whole answers, so both see the
+same calls with the same `arguments` text."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from localserve.api.tools import TOOL_CLOSE, TOOL_OPEN
+
+# The start of a call as the grammar writes it (whitespace tolerated for
+# templates' own formats): the name is known, the arguments come next.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(slots=True)
+class Delta:
+    """What a piece of text added: `content`, or for call `index` its start
+    (`call_id` and `name`), a piece of its `arguments`, or its end (`done`)."""
+
+    content: str = ""
+    index: int = -1
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    done: bool = False
+
+
+@dataclass(slots=True)
+class ParsedCall:
+    id: str
+    name: str
+    arguments: str = ""  # JSON text, as the model wrote it
+    complete: bool = False
+
+    def openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def ollama(self) -> dict[str, Any]:
+        try:
+            arguments = json.loads(self.arguments) if self.arguments else {}
+        except ValueError:
+            arguments = {}
+        return {"function": {"name": self.name, "arguments": arguments}}
+
+
+class _JsonValueEnd:
+    """Finds where one JSON value ends in text that arrives in pieces."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.scalar = False
+
+    def scan(self, text: str) -> tuple[int, int, bool]:
+        """(start, end, done): the value's characters in `text` are
+        `text[start:end]`; leading whitespace is skipped."""
+        start = 0
+        for i, char in enumerate(text):
+            if not self.started:
+                if char.isspace():
+                    start = i + 1
+                    continue
+                self.started = True
+                if char in "{[":
+                    self.depth = 1
+                elif char == '"':
+                    self.in_string = True
+                else:
+                    self.scalar = True
+                continue
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return start, i + 1, True
+            elif self.scalar:
+                if char in ",}] \t\r\n":
+                    return start, i, True
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return start, i + 1, True
+        return start, len(text), False
+
+
+@dataclass(slots=True)
+class ToolCallParser:
+    """Feed the reply's text as it comes; get content and call deltas back."""
+
+    state: str = "start"  # start | text | head | args | tail | between
+    buffer: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+    content: str = ""
+    _value: _JsonValueEnd = field(default_factory=_JsonValueEnd)
+
+    def feed(self, text: str) -> list[Delta]:
+        self.buffer += text
+        out: list[Delta] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Delta]:
+        """The reply ended: text held back as a possible call start is content."""
+        if self.state == "start" and self.buffer:
+            self.state = "text"
+            return self.feed("")
+        return []
+
+    @property
+    def in_call(self) -> bool:
+        return self.state not in ("start", "text")
+
+    def _step(self, out: list[Delta]) -> bool:
+        """Handle what the buffer allows; True to go on."""
+        if self.state == "text":
+            if self.buffer:
+                self.content += self.buffer
+                out.append(Delta(content=self.buffer))
+                self.buffer = ""
+            return False
+        if self.state in ("start", "between"):
+            stripped = self.buffer.lstrip()
+            if stripped.startswith(TOOL_OPEN):
+                self.buffer = stripped[len(TOOL_OPEN) :]
+                self.calls.append(ParsedCall(new_call_id(), ""))
+                self.state = "head"
+                return True
+            if not stripped or TOOL_OPEN.startswith(stripped):
+                return False  # not decided yet
+            if self.state == "start":
+                self.state = "text"
+                return True
+            self.buffer = ""  # text after the calls: the grammar never writes it
+            return False
+        call = self.calls[-1]
+        index = len(self.calls) - 1
+        if self.state == "head":
+            match = _HEAD.match(self.buffer)
+            if match:
+                call.name = json.loads(f'"{match.group(1)}"')
+                out.append(Delta(index=index, call_id=call.id, name=call.name))
+                self.buffer = self.buffer[match.end() :]
+                self._value = _JsonValueEnd()
+                self.state = "args"
+                return True
+            if TOOL_CLOSE in self.buffer:  # another shape: read the block whole
+                body, _, self.buffer = self.buffer.partition(TOOL_CLOSE)
+                self._whole_call(body, call, index, out)
+                self.state = "between"
+                return True
+            return False
+        if self.state == "args":
+            start, end, done = self._value.scan(self.buffer)
+            piece = self.buffer[start:end]
+            if piece:
+                call.arguments += piece
+                out.append(Delta(index=index, arguments=piece))
+            self.buffer = self.buffer[end:]
+            if done:
+                self.state = "tail"
+                return True
+            return False
+        # tail: the rest of the call up to its closing tag
+        position = self.buffer.find(TOOL_CLOSE)
+        if position == -1:
+            return False
+        self.buffer = self.buffer[position + len(TOOL_CLOSE) :]
+        call.complete = True
+        out.append(Delta(index=index, done=True))
+        self.state = "between"
+        return True
+
+    def _whole_call(self, body: str, call: ParsedCall, index: int, out: list[Delta]) -> None:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            self.calls.pop()  # not a call after all
+            return
+        arguments = obj.get("arguments", obj.get("parameters", {}))
+        call.name = obj["name"]
+        call.arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        call.complete = True
+        out.append(Delta(index=index, call_id=call.id, name=call.name))
+        out.append(Delta(index=index, arguments=call.arguments))
+        out.append(Delta(index=index, done=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReply:
+    content: str | None
+    calls: list[ParsedCall]
+
+
+def parse_reply(text: str) -> ParsedReply:
+    """A whole reply: its complete calls, or (none) its text as content.
+    A call cut off by the token limit is left out; with no complete call
+    the raw text stays the content, so nothing the model wrote is lost."""
+    parser = ToolCallParser()
+    parser.feed(text)
+    parser.finish()
+    calls = [call for call in parser.calls if call.complete]
+    if not calls:
+        return ParsedReply(text, [])
+    return ParsedReply(parser.content or None, calls)
