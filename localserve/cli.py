@@ -513,6 +513,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 # ---- main -------------------------------------------------------------------
 
+from localserve.bench.command import add_bench_command  # noqa: E402 - light module
 from localserve.models.convert_cli import add_convert_command  # noqa: E402 - light module
 
 COMMANDS: list[Callable[[Any], None]] = [
@@ -521,6 +522,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     add_list_command,
     add_top_command,
     add_convert_command,
+    add_bench_command,
 ]
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from localserve.api.oneshot import PREFIXES, setup_oneshot, oneshot_model
+from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot
 from localserve.api.state import SETTINGS
-from localserve.backends.whisper import FasterWhisperBackend, Transcript, TranscribeOptions, decode_audio
+from localserve.backends.whisper import FasterWhisperBackend, TranscribeOptions, Transcript, decode_audio
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
 from localserve.models.oneshot import TRANSCRIPTION
@@ -69,7 +69,9 @@ async def _speech(request: web.Request, *, task: str) -> web.StreamResponse:
         raise InvalidRequestError("Missing required parameter: 'file' (the audio, as a multipart file).", param="file")
     fmt = form.text("response_format", "json")
     if fmt not in RESPONSE_FORMATS:
-        raise InvalidRequestError(f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}; got {fmt!r}", param="response_format")
+        raise InvalidRequestError(
+            f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}; got {fmt!r}", param="response_format"
+        )
     temperature = _number(form.text("temperature", "0"), "temperature", 0.0, 1.0)
     granularities = _granularities(form.granularities, fmt)  # type: ignore[arg-type]
     try:
@@ -113,7 +115,9 @@ async def read_form(request: web.Request, *, max_file_bytes: int) -> SpeechForm:
                         f"The audio file is larger than the limit of {max_file_bytes} bytes "
                         f"({max_file_bytes / 1024 / 1024:g} MiB). Send a shorter or more compressed file."
                     )
-                raise InvalidRequestError(f"The form field {name!r} is longer than {MAX_FIELD_BYTES} bytes.", param=name)
+                raise InvalidRequestError(
+                    f"The form field {name!r} is longer than {MAX_FIELD_BYTES} bytes.", param=name
+                )
         if name == "file":
             form.file, form.filename = bytes(data), part.filename or ""
         elif name in ("timestamp_granularities[]", "timestamp_granularities"):
@@ -137,7 +141,8 @@ def _granularities(values: list[str], fmt: str) -> tuple[str, ...]:
     for value in values:
         if value not in GRANULARITIES:
             raise InvalidRequestError(
-                f"'timestamp_granularities[]' must be 'segment' or 'word'; got {value!r}", param="timestamp_granularities"
+                f"'timestamp_granularities[]' must be 'segment' or 'word'; got {value!r}",
+                param="timestamp_granularities",
             )
     if values and fmt != "verbose_json":
         raise InvalidRequestError(
@@ -186,7 +191,9 @@ def verbose_json(transcript: Transcript, granularities: tuple[str, ...]) -> dict
             for i, s in enumerate(transcript.segments)
         ]
     if "word" in granularities:
-        body["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)} for w in transcript.words]
+        body["words"] = [
+            {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)} for w in transcript.words
+        ]
     body["usage"] = _usage(transcript)
     return body
 
@@ -200,7 +207,9 @@ def srt(transcript: Transcript) -> str:
 
 
 def vtt(transcript: Transcript) -> str:
-    blocks = [f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{s.text.strip()}\n" for s in transcript.segments]
+    blocks = [
+        f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{s.text.strip()}\n" for s in transcript.segments
+    ]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES, setup_oneshot, oneshot_model, usage_tokens
+from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot, usage_tokens
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.models.oneshot import EMBEDDINGS

@@ -135,7 +135,9 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         n_vocab = self.tokenizer.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
         if bad is not None:
-            raise InvalidRequestError(f"'{param}' has token id {bad}, outside this model's vocabulary of {n_vocab}", param=param)
+            raise InvalidRequestError(
+                f"'{param}' has token id {bad}, outside this model's vocabulary of {n_vocab}", param=param
+            )
         return tuple(int(t) for t in token_ids)
 
     # ---- OneShotBackend ----------------------------------------------------------
@@ -160,7 +162,11 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         start = 0
         while start < len(items):
             end, num_tokens = start, 0
-            while end < len(items) and end - start < self.max_seqs and num_tokens + len(items[end]) <= self.config.batch_tokens:
+            while (
+                end < len(items)
+                and end - start < self.max_seqs
+                and num_tokens + len(items[end]) <= self.config.batch_tokens
+            ):
                 num_tokens += len(items[end])
                 end += 1
             if end == start:

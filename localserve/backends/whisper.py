@@ -158,7 +158,9 @@ class FasterWhisperBackend(OneShotBackend[AudioWindow, list[Segment]]):
         device = config.device.lower()
         has_cuda = ctranslate2.get_cuda_device_count() > 0
         if device in ("gpu", "cuda") and not has_cuda:
-            raise DeviceNotFoundError(f"device {config.device!r} was asked for, but CTranslate2 sees no CUDA GPU; present: CPU")
+            raise DeviceNotFoundError(
+                f"device {config.device!r} was asked for, but CTranslate2 sees no CUDA GPU; present: CPU"
+            )
         if device not in ("auto", "cpu", "gpu", "cuda"):
             raise DeviceNotFoundError(f"unknown device {config.device!r} for faster-whisper; use auto, cpu or gpu")
         use_cuda = device in ("gpu", "cuda") or (device == "auto" and has_cuda)
@@ -301,7 +303,8 @@ class FasterWhisperBackend(OneShotBackend[AudioWindow, list[Segment]]):
 
 def _segment(raw: dict, temperature: float) -> Segment:  # type: ignore[type-arg]
     words = tuple(
-        Word(float(w["start"]), float(w["end"]), str(w["word"]), float(w["probability"])) for w in raw.get("words") or ()
+        Word(float(w["start"]), float(w["end"]), str(w["word"]), float(w["probability"]))
+        for w in raw.get("words") or ()
     )
     return Segment(
         start=float(raw["start"]),
@@ -335,6 +338,14 @@ def _restore(segment: Segment, ts_map: object) -> Segment:
 
 def _replace(segment: Segment, start: float, end: float, words: tuple[Word, ...]) -> Segment:
     return Segment(
-        start, max(end, start), segment.text, segment.tokens, segment.avg_logprob, segment.compression_ratio,
-        segment.no_speech_prob, segment.temperature, segment.seek, words,
+        start,
+        max(end, start),
+        segment.text,
+        segment.tokens,
+        segment.avg_logprob,
+        segment.compression_ratio,
+        segment.no_speech_prob,
+        segment.temperature,
+        segment.seek,
+        words,
     )

@@ -11,6 +11,7 @@ outputs back in its own order; a group that fails fails only its callers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -330,7 +331,7 @@ class Batcher(Generic[ItemT, OutputT]):
             t = self._totals
             recent = [r for r in t.recent if r[0] >= now - recent_s]
             window = list(t.recent)
-            snapshot = {
+            snapshot: dict[str, Any] = {
                 "queue_items": len(self._pending),
                 "queue_requests": self._num_waiting_requests,
                 "in_flight": self._num_in_flight,
@@ -371,10 +372,8 @@ class Batcher(Generic[ItemT, OutputT]):
 
 
 def _post(request: _Request[Any], fn: Any, *args: Any) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
         request.loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the caller's loop is closed: nobody is listening
-        pass
 
 
 def _deliver(request: _Request[Any], results: list[tuple[int, Any]]) -> None:

@@ -66,10 +66,14 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersModel:
     """Check that `path` is a BERT sentence-transformers folder we can convert."""
     config_path, weights = path / "config.json", path / "model.safetensors"
     if not config_path.is_file() or not weights.is_file():
-        raise InvalidRequestError(f"{path} is not a sentence-transformers folder (needs config.json and model.safetensors)")
+        raise InvalidRequestError(
+            f"{path} is not a sentence-transformers folder (needs config.json and model.safetensors)"
+        )
     config = json.loads(config_path.read_text(encoding="utf-8"))
     if config.get("model_type") != "bert":
-        raise InvalidRequestError(f"{path}: only BERT models convert to GGUF here; this one is {config.get('model_type')!r}")
+        raise InvalidRequestError(
+            f"{path}: only BERT models convert to GGUF here; this one is {config.get('model_type')!r}"
+        )
     modules = _read_json(path / "modules.json", [])
     pooling, normalize = "mean", False
     for module in modules:
@@ -164,7 +168,7 @@ def _plan_tensors(weights: Any, config: dict[str, Any], out_type: str) -> dict[s
 
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, int(config["num_hidden_layers"]))
     planned: dict[str, tuple[str, str, tuple[int, ...]]] = {}
-    for hf_name in weights.keys():
+    for hf_name in weights.keys():  # noqa: SIM118 - a safetensors handle, not a dict
         short = hf_name.removeprefix("bert.")
         if short in _SKIPPED or short.startswith("cls."):
             continue

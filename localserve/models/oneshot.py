@@ -22,7 +22,9 @@ TRANSCRIPTION = "transcription"
 ONESHOT_KINDS = (EMBEDDINGS, TRANSCRIPTION)
 
 #: llama.cpp architectures that only make embeddings.
-EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert"})
+EMBEDDING_ARCHS = frozenset(
+    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert"}
+)
 
 #: Batching defaults per kind: many short texts; a few 30 s audio windows.
 BATCHING = {

@@ -144,7 +144,9 @@ def test_translations_answer_in_english(client: openai.OpenAI, wav: Path) -> Non
     assert word_error_rate(SENTENCE, result.text) < 0.35
 
 
-def test_long_audio_is_windowed_and_batched(http: httpx.Client, server: ServerThread, wav: Path, tmp_path: Path) -> None:
+def test_long_audio_is_windowed_and_batched(
+    http: httpx.Client, server: ServerThread, wav: Path, tmp_path: Path
+) -> None:
     long = with_silence(wav, tmp_path / "long.wav", before_s=1.0, repeat=14, gap_s=1.0)
     data = encode(long, "ogg")  # ~75 s: under the byte limit as Opus
     before = server.call(lambda: server.manager.oneshot_stats())[MODEL]["items"]
@@ -184,7 +186,9 @@ def test_a_file_over_the_size_limit_is_a_413_that_says_the_limit(http: httpx.Cli
     assert str(MAX_AUDIO_BYTES) in error["message"] and error["code"] == "payload_too_large"
 
 
-def test_audio_over_the_duration_limit_is_a_400_that_says_the_limit(http: httpx.Client, wav: Path, tmp_path: Path) -> None:
+def test_audio_over_the_duration_limit_is_a_400_that_says_the_limit(
+    http: httpx.Client, wav: Path, tmp_path: Path
+) -> None:
     long = with_silence(wav, tmp_path / "long.wav", after_s=MAX_AUDIO_SECONDS + 5)
     response = post(http, encode(long, "ogg"), name="long.ogg")
     assert response.status_code == 400

@@ -48,7 +48,27 @@ def vectors(response: openai.types.CreateEmbeddingResponse) -> np.ndarray:
 
 def sentences(count: int) -> list[str]:
     rng = np.random.default_rng(11)
-    vocab = "a the man woman child dog is was eating reading playing bread food drums music in at park home".split()
+    vocab = [
+        "a",
+        "the",
+        "man",
+        "woman",
+        "child",
+        "dog",
+        "is",
+        "was",
+        "eating",
+        "reading",
+        "playing",
+        "bread",
+        "food",
+        "drums",
+        "music",
+        "in",
+        "at",
+        "park",
+        "home",
+    ]
     return [" ".join(rng.choice(vocab, size=int(rng.integers(2, 30)))) for _ in range(count)]
 
 
@@ -100,7 +120,9 @@ def test_token_lists_embed_like_their_text(client: openai.OpenAI, http: httpx.Cl
 
 
 def test_the_answer_has_openai_s_shape_and_usage(http: httpx.Client) -> None:
-    body = http.post("/api/v1/embeddings", json={"model": MODEL, "input": ["one two", "three"], "dimensions": 384}).json()
+    body = http.post(
+        "/api/v1/embeddings", json={"model": MODEL, "input": ["one two", "three"], "dimensions": 384}
+    ).json()
     assert body["object"] == "list" and body["model"] == MODEL
     assert [d["index"] for d in body["data"]] == [0, 1] and body["data"][0]["object"] == "embedding"
     assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}  # [CLS] one two [SEP] + [CLS] three [SEP]

@@ -152,7 +152,10 @@ def numpy_minilm(source: Path, token_ids: list[int]) -> np.ndarray:
     x = norm(x + w["embeddings.token_type_embeddings.weight"][0], "embeddings.LayerNorm")
     for layer in range(6):
         p = f"encoder.layer.{layer}"
-        q, k, v = (dense(x, f"{p}.attention.self.{m}").reshape(n, n_head, -1).transpose(1, 0, 2) for m in ("query", "key", "value"))
+        q, k, v = (
+            dense(x, f"{p}.attention.self.{m}").reshape(n, n_head, -1).transpose(1, 0, 2)
+            for m in ("query", "key", "value")
+        )
         scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         context = (scores / scores.sum(-1, keepdims=True) @ v).transpose(1, 0, 2).reshape(n, -1)
@@ -183,7 +186,25 @@ def test_food_is_closer_to_bread_than_to_drums(backend: LlamaEmbeddingBackend) -
 
 def sentences(count: int) -> list[str]:
     rng = np.random.default_rng(7)
-    vocab = "the a man woman dog cat is eating playing reading food bread drums book in park quickly".split()
+    vocab = [
+        "the",
+        "a",
+        "man",
+        "woman",
+        "dog",
+        "cat",
+        "is",
+        "eating",
+        "playing",
+        "reading",
+        "food",
+        "bread",
+        "drums",
+        "book",
+        "in",
+        "park",
+        "quickly",
+    ]
     return [" ".join(rng.choice(vocab, size=int(rng.integers(2, 40)))) for _ in range(count)]
 
 
@@ -269,7 +290,9 @@ async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: Onnx
     texts = sentences(48)
     ratios = {}
     for by_length in (False, True):
-        batcher = Batcher("onnx", onnx_backend, BatcherConfig(max_wait_ms=30, max_batch_size=48, group_by_length=by_length))
+        batcher = Batcher(
+            "onnx", onnx_backend, BatcherConfig(max_wait_ms=30, max_batch_size=48, group_by_length=by_length)
+        )
         results = await asyncio.gather(*(batcher.submit([onnx_backend.tokenize(t)]) for t in texts))
         assert len(results) == 48
         ratios[by_length] = batcher.stats()["padding_ratio"]

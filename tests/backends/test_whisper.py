@@ -59,7 +59,9 @@ def test_every_container_decodes_and_transcribes(whisper: FasterWhisperBackend, 
     assert transcript.language == "en" and transcript.duration_s == pytest.approx(audio.size / SAMPLE_RATE)
 
 
-def test_timestamps_and_words_are_on_the_audio_s_timeline(whisper: FasterWhisperBackend, speech_wav: Path, tmp_path: Path) -> None:
+def test_timestamps_and_words_are_on_the_audio_s_timeline(
+    whisper: FasterWhisperBackend, speech_wav: Path, tmp_path: Path
+) -> None:
     padded = with_silence(speech_wav, tmp_path / "padded.wav", before_s=3.0, after_s=2.0)
     _, transcript = transcribe(whisper, padded.read_bytes(), timestamps=True, word_timestamps=True)
     assert word_error_rate(SENTENCE, transcript.text) < 0.35
@@ -71,7 +73,9 @@ def test_timestamps_and_words_are_on_the_audio_s_timeline(whisper: FasterWhisper
     assert [w.start for w in words] == sorted(w.start for w in words)
 
 
-def test_long_audio_is_cut_into_windows_of_at_most_30_s(whisper: FasterWhisperBackend, speech_wav: Path, tmp_path: Path) -> None:
+def test_long_audio_is_cut_into_windows_of_at_most_30_s(
+    whisper: FasterWhisperBackend, speech_wav: Path, tmp_path: Path
+) -> None:
     long = with_silence(speech_wav, tmp_path / "long.wav", before_s=1.0, after_s=1.0, repeat=14, gap_s=1.0)
     plan, transcript = transcribe(whisper, long.read_bytes(), timestamps=True)
     assert transcript.duration_s > 70

@@ -37,6 +37,9 @@ def make_settings(**overrides: Any) -> ServerSettings:
         "ctx_size": 1024,
         "kv_size": 4096,
         "batch_tokens": 256,
+        # One thread: on a busy shared machine llama.cpp's spinning workers
+        # slow each other down (3x slower decoding with two threads).
+        "threads": 1,
     }
     return ServerSettings(**{**base, **overrides})
 

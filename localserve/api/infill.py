@@ -1,0 +1,352 @@
+"""`POST /infill`: llama.cpp server's fill-in-the-middle endpoint, for code
+completion in editors (llama.vim, llama.vscode, Continue's llama.cpp
+provider...).
+
+Body: `input_prefix`, `input_suffix` (both required, may be empty),
+`input_extra` ([{filename, text}]), `prompt` (start of the middle),
+`n_predict`, `t_max_predict_ms`, `n_indent`, `temperature`, `top_k`, `top_p`,
+`min_p`, `seed`, `stop`, `repeat_penalty`, `presence_penalty`,
+`frequency_penalty`, `stream`, `return_tokens`, `response_fields`, and
+`model` (optional: which loaded model; by default the only one, or the first
+that has FIM tokens). `cache_prompt` (the prefix cache is always on),
+`samplers`, `t_max_prompt_ms` and `id_slot` are accepted and ignored.
+
+As in llama.cpp: once a newline has been generated, `t_max_predict_ms`
+stops generation after that many ms, and `n_indent` stops it at the first
+later line indented less (the text is cut before that line's first
+character); both end with `stop_type: "limit"`. Streaming sends
+`data: {json}` events (`content` pieces, `stop: false`) and a last one with
+`stop: true`, the counts and timings; no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from localserve.api.generation import MergedStreams, submit_all
+from localserve.api.infill_prompt import ExtraChunk, fim_prompt, fim_tokens, require_fim
+from localserve.api.metrics import latency_observer, note_model
+from localserve.api.middleware import parse_body
+from localserve.api.sse import SseWriter
+from localserve.api.state import MANAGER, engine_of, require_model
+from localserve.api.wire import new_id
+from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, parse_priority
+from localserve.errors import BackendError, LocalServeError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+
+class InfillExtra(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[InfillExtra] = Field(default_factory=list)
+    prompt: str = ""
+    model: str | None = None
+    n_predict: int = -1  # < 1: until the context is full
+    t_max_predict_ms: int = 0  # <= 0: no limit
+    n_indent: int = Field(default=0, ge=0)
+    # llama.cpp server's defaults
+    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    top_k: int = Field(default=40, ge=0)
+    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    seed: int | None = None  # -1 or none: random
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    repeat_last_n: int = Field(default=64, ge=0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    ignore_eos: bool = False
+    stream: bool = False
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+    priority: float | str | None = None
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/infill", infill)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    body = await parse_body(request, InfillRequest)
+    model_id = require_model(request, body.model or _default_model(request))
+    note_model(request, model_id)
+    engine = engine_of(request)
+    tokenizer = engine.tokenizer(model_id)
+    fim = require_fim(tokenizer, model_id, param="model" if body.model else None)
+    n_ctx = engine.capacity(model_id).n_ctx
+    max_tokens = body.n_predict if body.n_predict > 0 else None
+    extra = [ExtraChunk(chunk.filename, chunk.text) for chunk in body.input_extra]
+    built = await asyncio.to_thread(
+        fim_prompt,
+        tokenizer,
+        fim,
+        prefix=body.input_prefix,
+        suffix=body.input_suffix,
+        prompt=body.prompt,
+        extra=extra,
+        n_ctx=n_ctx,
+        max_tokens=max_tokens,
+    )
+    params = _sampling(body, room=n_ctx - len(built.token_ids), max_tokens=max_tokens)
+    answer_id = new_id("infill")
+    streams = submit_all(
+        engine, model_id, answer_id, [(built.token_ids, params)], priority=parse_priority(body.priority), prompt_param="input_prefix"
+    )
+    run = InfillRun(body, model_id, built.truncated, n_ctx, tokenizer.decode(built.token_ids))
+    merged = MergedStreams(streams, observer=latency_observer(request, model_id))
+    headers = {"X-Request-Id": answer_id}
+    if body.stream:
+        return await _stream(request, merged, run, headers)
+    try:
+        async for _, event in merged:
+            run.add(event)
+            if run.stopped:
+                break
+    finally:
+        merged.abort()
+    return web.json_response(run.result(), headers=headers)
+
+
+def _default_model(request: web.Request) -> str:
+    """The only generative model, else the first with FIM tokens."""
+    manager = request.app[MANAGER]
+    loaded = list(manager.loaded)
+    if len(loaded) == 1:
+        return loaded[0]
+    for model_id in loaded:
+        if fim_tokens(manager.engine.tokenizer(model_id)) is not None:
+            return model_id
+    if loaded:
+        return loaded[0]
+    raise ModelNotFoundError("no model is loaded", param="model")
+
+
+def _sampling(body: InfillRequest, *, room: int, max_tokens: int | None) -> SamplingParams:
+    room = max(1, room)
+    return SamplingParams(
+        max_tokens=min(max_tokens, room) if max_tokens else room,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        penalty_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
+        stop=tuple(s for s in body.stop if s),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+class LineLimits:
+    """llama.cpp's `n_indent` rule on streamed text: after the first newline,
+    hold each new line's leading whitespace until its first character shows
+    whether the line is indented enough."""
+
+    def __init__(self, n_indent: int) -> None:
+        self.n_indent = n_indent
+        self.pending = ""
+        self.at_line_start = False
+        self.has_new_line = False
+        self.cut = False
+
+    def push(self, text: str) -> str:
+        """The text that may be released; sets `cut` when a line is too shallow."""
+        self.pending += text
+        released = ""
+        while self.pending and not self.cut:
+            if self.at_line_start and self.n_indent > 0:
+                width = len(self.pending) - len(self.pending.lstrip(" \t"))
+                if width == len(self.pending):
+                    break  # only whitespace so far
+                if width < self.n_indent:
+                    released += self.pending[:width]
+                    self.pending, self.cut = "", True
+                    break
+            self.at_line_start = False
+            newline = self.pending.find("\n")
+            if newline == -1:
+                released += self.pending
+                self.pending = ""
+                break
+            released += self.pending[: newline + 1]
+            self.pending = self.pending[newline + 1 :]
+            self.at_line_start = self.has_new_line = True
+        return released
+
+    def flush(self) -> str:
+        released, self.pending = self.pending, ""
+        return released
+
+
+class InfillRun:
+    """One infill answer: text, limits, counts and llama.cpp's result object."""
+
+    def __init__(self, body: InfillRequest, model_id: str, truncated: bool, n_ctx: int, prompt_text: str) -> None:
+        self.body = body
+        self.model_id = model_id
+        self.truncated = truncated
+        self.n_ctx = n_ctx
+        self.prompt_text = prompt_text
+        self.lines = LineLimits(body.n_indent)
+        self.content = ""
+        self.token_ids: list[int] = []
+        self.started_at = time.monotonic()
+        self.first_token_at = 0.0
+        self.final: TokenEvent | None = None
+        self.stop_type = "none"
+        self.num_prompt_tokens = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_type != "none"
+
+    def add(self, event: TokenEvent) -> str:
+        """Take one event; return the text it releases."""
+        if event.finish_reason is FinishReason.ERROR:
+            raise BackendError(event.error or "generation failed")
+        now = time.monotonic()
+        if event.token_ids:
+            self.token_ids.extend(event.token_ids)
+            self.first_token_at = self.first_token_at or now
+        self.num_prompt_tokens = event.num_prompt_tokens or self.num_prompt_tokens
+        if event.finished:
+            self.final = event
+        piece = self.lines.push(event.text)
+        if self.lines.cut:
+            self.stop_type = "limit"
+        elif self._out_of_time(now):
+            piece += self.lines.flush()
+            self.stop_type = "limit"
+        elif event.finished:
+            piece += self.lines.flush()
+            self.stop_type = _stop_type(event)
+        self.content += piece
+        return piece
+
+    def _out_of_time(self, now: float) -> bool:
+        limit_ms = self.body.t_max_predict_ms
+        return limit_ms > 0 and self.lines.has_new_line and (now - self.first_token_at) * 1000 > limit_ms
+
+    def partial(self, piece: str) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "content": piece,
+            "tokens": [],
+            "stop": False,
+            "id_slot": -1,
+            "tokens_predicted": len(self.token_ids),
+            "tokens_evaluated": self.num_prompt_tokens,
+        }
+
+    def result(self, *, streamed: bool = False) -> dict[str, Any]:
+        """llama.cpp's final result object (content empty when streamed)."""
+        end = time.monotonic()
+        first = self.first_token_at or end
+        prompt_ms = (first - self.started_at) * 1000
+        predicted_ms = (end - first) * 1000
+        num_cached = self.final.num_cached_tokens if self.final else 0
+        prompt_n = max(0, self.num_prompt_tokens - num_cached)
+        predicted_n = len(self.token_ids)
+        body = self.body
+        out = {
+            "index": 0,
+            "content": "" if streamed else self.content,
+            "tokens": [] if streamed or not body.return_tokens else self.token_ids,
+            "id_slot": -1,
+            "stop": True,
+            "model": self.model_id,
+            "tokens_predicted": predicted_n,
+            "tokens_evaluated": self.num_prompt_tokens,
+            "generation_settings": {
+                "n_ctx": self.n_ctx,
+                "n_predict": body.n_predict,
+                "temperature": body.temperature,
+                "top_k": body.top_k,
+                "top_p": body.top_p,
+                "min_p": body.min_p,
+                "seed": body.seed if body.seed is not None else -1,
+                "stop": body.stop,
+                "n_indent": body.n_indent,
+                "t_max_predict_ms": body.t_max_predict_ms,
+            },
+            "prompt": self.prompt_text,
+            "has_new_line": self.lines.has_new_line,
+            "truncated": self.truncated,
+            "stop_type": self.stop_type,
+            "stopping_word": body.stop[0] if self.stop_type == "word" and len(body.stop) == 1 else "",
+            "tokens_cached": num_cached,
+            "timings": {
+                "prompt_n": prompt_n,
+                "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
+                "predicted_n": predicted_n,
+                "predicted_ms": predicted_ms,
+                "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+                "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
+            },
+        }
+        return _select(out, body.response_fields) if body.response_fields else out
+
+
+def _stop_type(event: TokenEvent) -> str:
+    if event.finish_reason is FinishReason.STOP:
+        # The engine keeps an end-of-generation token out of the event; a
+        # stop string ends an event that carries its token.
+        return "word" if event.token_ids else "eos"
+    return "limit" if event.finish_reason is FinishReason.LENGTH else "none"
+
+
+def _select(result: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: keep these (`a/b` reaches into objects)."""
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = result
+        for part in path.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            out[path] = value
+    return out
+
+
+async def _stream(request: web.Request, merged: MergedStreams, run: InfillRun, headers: dict[str, str]) -> web.StreamResponse:
+    writer = SseWriter(request, headers)
+    try:
+        async for _, event in merged:
+            piece = run.add(event)
+            if piece or event.token_ids:
+                await writer.send(run.partial(piece))
+            if run.stopped:
+                break
+        await writer.send(run.result(streamed=True))
+    except ConnectionResetError:
+        pass  # the client left; the finally aborts the request
+    except LocalServeError as exc:
+        if not writer.started:
+            raise
+        await writer.send_error(exc)
+    except Exception:
+        if not writer.started:
+            raise
+        log.exception("error while streaming /infill")
+        await writer.send_error(LocalServeError("The server had an unexpected error while streaming."))
+    finally:
+        merged.abort()
+    return writer.response
