@@ -129,7 +129,7 @@ def speech_clips(count: int, workdir: Path) -> list[bytes]:
 
 
 def transcribe_one(backend):  # type: ignore[no-untyped-def]
-    from localserve.backends.whisper import TranscribeOptions, decode_audio
+    from localserve.backends.speech import TranscribeOptions, decode_audio
 
     async def run(batcher: Batcher, data: bytes) -> None:  # type: ignore[type-arg]
         audio = await asyncio.to_thread(decode_audio, data, max_seconds=600)
@@ -222,7 +222,7 @@ def main() -> None:
             "faster-whisper tiny.en", "clips", whisper, clips, transcribe_one(whisper), asr_config
         )
         padding.append(
-            padding_row("faster-whisper tiny.en (audio frames)", whisper, clips, transcribe_one(whisper), asr_config)
+            padding_row("faster-whisper tiny.en (fixed 30 s windows)", whisper, clips, transcribe_one(whisper), asr_config)
         )
     print("\n".join(header + rows))
     if asr_rows:

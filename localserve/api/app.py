@@ -7,6 +7,8 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
   loaded, then 200 `{"status": "ok"}`; 503 `{"status": "error"}` if one failed
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
   answer's `id`, also sent as the `X-Request-Id` header)
+* Ollama's dialect (`api.ollama`), llama.cpp's `/infill` (`api.infill`),
+  Prometheus `/metrics` (`api.metrics`)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api import audio, batches, embeddings
+from localserve.api import audio, batches, embeddings, infill, metrics, ollama
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
 from localserve.api.generation import request_ids
@@ -43,7 +45,9 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
-            error_middleware,  # outermost: whatever fails below becomes an envelope
+            metrics.metrics_middleware,  # outermost: counts every answer with its final status
+            error_middleware,  # whatever fails below becomes an envelope
+            ollama.ollama_error_middleware,  # ... or Ollama's {"error": "..."} on its routes
             host_middleware(settings),
             cors_middleware(settings),  # before auth: preflights carry no key
             auth_middleware(settings.api_key),
@@ -65,6 +69,9 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     embeddings.register(app)  # /v1/embeddings
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
     batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)
+    ollama.register(app)  # /, /api/tags, /api/chat, /api/generate, /api/embed, ... (Ollama's dialect)
+    infill.register(app)  # /infill (llama.cpp's fill-in-the-middle)
+    metrics.register(app)  # /metrics (Prometheus)
     return app
 
 

@@ -13,7 +13,8 @@ from aiohttp import BodyPartReader, web
 
 from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot
 from localserve.api.state import SETTINGS
-from localserve.backends.whisper import FasterWhisperBackend, TranscribeOptions, Transcript, decode_audio
+from localserve.backends.speech import TranscribeOptions, Transcript, decode_audio
+from localserve.backends.whisper import FasterWhisperBackend
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
 from localserve.models.oneshot import TRANSCRIPTION

@@ -1,19 +1,24 @@
 """`POST /v1/completions` (legacy text completions).
 
 Each prompt gets `n` choices; choice `p * n + i` is choice i of prompt p, as
-in OpenAI's API.
+in OpenAI's API. With `suffix`, each prompt is the text before a gap and the
+answer fills it: a fill-in-the-middle prompt from the model's FIM tokens
+(see `api.infill_prompt`), or a 400 for a model without them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
 from localserve.api.generation import MergedStreams, collect, submit_all
+from localserve.api.infill_prompt import fim_prompt, require_fim
+from localserve.api.metrics import latency_observer, note_model
 from localserve.api.middleware import parse_body
-from localserve.api.prompts import completion_prompts_async
+from localserve.api.prompts import completion_prompt, completion_prompts_async
 from localserve.api.sampling import COMPLETIONS_DEFAULT_MAX_TOKENS, check_logit_bias, per_choice, sampling_params
 from localserve.api.schemas import CompletionRequest
 from localserve.api.sse import stream_answer
@@ -95,18 +100,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy completion of one or many prompts (text or token ids)."""
     body = await parse_body(request, CompletionRequest)
     model_id = require_model(request, body.model)
+    note_model(request, model_id)
     engine = engine_of(request)
     tokenizer = engine.tokenizer(model_id)
     prompts = body.prompts
-    prompt_ids = await completion_prompts_async(tokenizer, prompts)
+    n_ctx = engine.capacity(model_id).n_ctx
+    if body.suffix:
+        prompt_ids = await _fim_prompts(body, tokenizer, model_id, n_ctx)
+    else:
+        prompt_ids = await completion_prompts_async(tokenizer, prompts)
     check_logit_bias(body, tokenizer.vocab_size)
-    choices = _choices(body, prompt_ids, engine.capacity(model_id).n_ctx)
+    choices = _choices(body, prompt_ids, n_ctx)
     echoes = [_echo(body, tokenizer, p) for p in prompts for _ in range(body.n)]
     meta = AnswerMeta(new_id("cmpl"), model_id)
     streams = submit_all(
         engine, model_id, meta.id, choices, priority=parse_priority(body.priority), prompt_param="prompt"
     )
-    merged = MergedStreams(streams)
+    merged = MergedStreams(streams, observer=latency_observer(request, model_id))
     headers = {"X-Request-Id": meta.id}
     with_logprobs = body.logprobs is not None
     if body.stream:
@@ -124,6 +134,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
         meta, results, tokenizer, echoes=echoes, num_choices_per_prompt=body.n, with_logprobs=with_logprobs
     )
     return web.json_response(answer, headers=headers)
+
+
+async def _fim_prompts(body: CompletionRequest, tokenizer: Tokenizer, model_id: str, n_ctx: int) -> list[list[int]]:
+    """Each prompt as the prefix of a fill-in-the-middle prompt before `suffix`."""
+    fim = require_fim(tokenizer, model_id, param="suffix")
+    assert body.suffix is not None
+    suffix, max_tokens = body.suffix, body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+
+    def build() -> list[list[int]]:
+        out = []
+        for index, prompt in enumerate(body.prompts):
+            prefix = prompt if isinstance(prompt, str) else completion_prompt(tokenizer, prompt, index=index)
+            out.append(fim_prompt(tokenizer, fim, prefix=prefix, suffix=suffix, n_ctx=n_ctx, max_tokens=max_tokens).token_ids)
+        return out
+
+    return await asyncio.to_thread(build)
 
 
 def _echo(body: CompletionRequest, tokenizer: Tokenizer, prompt: str | list[int]) -> str:

@@ -16,12 +16,12 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from localserve.backends.base import OneShotBackend
+from localserve.engine.batcher_stats import BatcherStats
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
 
@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 
 ItemT = TypeVar("ItemT")
 OutputT = TypeVar("OutputT")
-
-WINDOW_S = 60.0  # how far back the recent-batch figures in stats() look
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +66,6 @@ class _Entry(Generic[ItemT]):
     priority: float
     arrival: float
     order: int  # FIFO tie-break
-
-
-@dataclass(slots=True)
-class _Totals:
-    num_requests: int = 0
-    num_items: int = 0
-    num_dispatches: int = 0
-    num_runs: int = 0
-    num_errors: int = 0  # requests failed by a backend error
-    num_rejected: int = 0  # QueueFullError
-    num_real: int = 0  # summed item sizes that went through run()
-    num_padded: int = 0  # padding slots a padded backend computed on top
-    busy_s: float = 0.0
-    recent: deque[tuple[float, int, int, int, float]] = field(default_factory=deque)  # t, items, real, padded, s
 
 
 def plan_groups(sizes: Sequence[int], *, by_length: bool, padding_free: bool, max_padding: float) -> list[list[int]]:
@@ -125,7 +109,7 @@ class Batcher(Generic[ItemT, OutputT]):
         self._num_waiting_requests = 0
         self._num_in_flight = 0
         self._order = itertools.count()
-        self._totals = _Totals()
+        self._stats = BatcherStats()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"batch-{name}", daemon=True)
         self._thread.start()
@@ -144,10 +128,10 @@ class Batcher(Generic[ItemT, OutputT]):
         keys = [self.backend.group_key(item) for item in items]
         now = time.monotonic()
         with self._cond:
-            if self._stopping:
-                raise EngineStoppedError(f"model {self.name!r} is shutting down")
+            if self._stopping or not self._thread.is_alive():
+                raise EngineStoppedError(f"model {self.name!r} is not running (shut down or crashed); reload it")
             if self._num_waiting_requests >= self.config.max_queue:
-                self._totals.num_rejected += 1
+                self._stats.num_rejected += 1
                 raise QueueFullError(
                     f"model {self.name!r} has {self._num_waiting_requests} requests waiting "
                     f"(limit {self.config.max_queue}); retry shortly",
@@ -158,7 +142,7 @@ class Batcher(Generic[ItemT, OutputT]):
                 self._pending.append(entry)
             self._num_waiting_requests += 1
             self._num_in_flight += 1
-            self._totals.num_requests += 1
+            self._stats.num_requests += 1
             self._cond.notify()
         try:
             return await request.future
@@ -257,8 +241,7 @@ class Batcher(Generic[ItemT, OutputT]):
         by_key: dict[Hashable, list[_Entry[ItemT]]] = {}
         for entry in dispatch:
             by_key.setdefault(entry.key, []).append(entry)
-        with self._cond:
-            self._totals.num_dispatches += 1
+        self._stats.num_dispatches += 1  # only this thread writes it
         for entries in by_key.values():
             groups = plan_groups(
                 [e.size for e in entries],
@@ -297,22 +280,10 @@ class Batcher(Generic[ItemT, OutputT]):
                 _post(entry.request, _deliver, entry.request, results)
 
     def _record(self, group: list[_Entry[ItemT]], started: float, *, failed: bool) -> None:
-        now = time.monotonic()
         sizes = [e.size for e in group]
-        real = sum(sizes)
         padded = 0 if self.backend.padding_free else padding_of(sizes)
-        with self._cond:
-            t = self._totals
-            t.num_runs += 1
-            t.num_items += len(group)
-            t.num_real += real
-            t.num_padded += padded
-            t.busy_s += now - started
-            if failed:
-                t.num_errors += len({id(e.request) for e in group})
-            t.recent.append((now, len(group), real, padded, now - started))
-            while t.recent and t.recent[0][0] < now - WINDOW_S:
-                t.recent.popleft()
+        num_failed = len({id(e.request) for e in group}) if failed else 0
+        self._stats.record_run(len(group), sum(sizes), padded, time.monotonic() - started, num_failed)
 
     def _fail_pending(self, error: LocalServeError) -> None:
         with self._cond:
@@ -326,46 +297,23 @@ class Batcher(Generic[ItemT, OutputT]):
 
     def stats(self, recent_s: float = 10.0) -> dict[str, Any]:
         """A snapshot for the dashboard and /metrics (cheap; any thread)."""
-        now = time.monotonic()
         with self._cond:
-            t = self._totals
-            recent = [r for r in t.recent if r[0] >= now - recent_s]
-            window = list(t.recent)
-            snapshot: dict[str, Any] = {
+            queue = {
                 "queue_items": len(self._pending),
                 "queue_requests": self._num_waiting_requests,
                 "in_flight": self._num_in_flight,
-                "requests": t.num_requests,
-                "items": t.num_items,
-                "dispatches": t.num_dispatches,
-                "batches": t.num_runs,
-                "errors": t.num_errors,
-                "rejected": t.num_rejected,
-                "real_size": t.num_real,
-                "padded_size": t.num_padded,
-                "busy_s": round(t.busy_s, 4),
             }
-        span = max(1e-3, min(recent_s, now - recent[0][0] + recent[0][4])) if recent else recent_s
-        sizes = [r[1] for r in window]
         cfg = self.config
-        snapshot.update(
-            {
-                "padding_ratio": snapshot["padded_size"] / snapshot["real_size"] if snapshot["real_size"] else 0.0,
-                "recent_padding_ratio": (sum(r[3] for r in window) / sum(r[2] for r in window)) if window else 0.0,
-                "mean_batch_size": snapshot["items"] / snapshot["batches"] if snapshot["batches"] else 0.0,
-                "max_batch_size_seen": max(sizes, default=0),
-                "recent_batch_sizes": sizes[-60:],
-                "items_per_s": sum(r[1] for r in recent) / span,
-                "busy_fraction": min(1.0, sum(r[4] for r in recent) / span),
-                "padding_free": self.backend.padding_free,
-                "max_batch_size": cfg.max_batch_size,
-                "max_batch_tokens": cfg.max_batch_tokens,
-                "max_wait_ms": cfg.max_wait_ms,
-                "max_queue": cfg.max_queue,
-                "group_by_length": cfg.group_by_length,
-            }
-        )
-        return snapshot
+        return {
+            **queue,
+            **self._stats.snapshot(recent_s),
+            "padding_free": self.backend.padding_free,
+            "max_batch_size": cfg.max_batch_size,
+            "max_batch_tokens": cfg.max_batch_tokens,
+            "max_wait_ms": cfg.max_wait_ms,
+            "max_queue": cfg.max_queue,
+            "group_by_length": cfg.group_by_length,
+        }
 
 
 # ---- delivery on the caller's loop ---------------------------------------------------

@@ -23,7 +23,7 @@ MODEL = "all-minilm-l6-v2"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("localserve-home")))
-        srv = ServerThread(make_settings(models=[MODEL], threads=2)).start()
+        srv = ServerThread(make_settings(models=[MODEL], threads=1)).start()
         try:
             srv.wait_healthy(timeout=180)
             yield srv

@@ -61,7 +61,8 @@ def gguf_path(source: Path, store: Path, progress_calls: list[tuple[str, int, in
 
 @pytest.fixture(scope="module")
 def backend(gguf_path: Path) -> Iterator[LlamaEmbeddingBackend]:
-    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=2))
+    # One thread: no OpenMP barriers, so the tests keep their pace on a busy machine.
+    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=1))
     yield b
     b.close()
 

@@ -8,13 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localserve.backends.whisper import (
-    SAMPLE_RATE,
-    FasterWhisperBackend,
-    TranscribeOptions,
-    WhisperConfig,
-    decode_audio,
-)
+from localserve.backends.speech import SAMPLE_RATE, TranscribeOptions, decode_audio
+from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve

@@ -28,14 +28,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class FakeExecutor:
-    """Answers `{"echo": body["n"]}` after `delay_s` (or once `gate` opens);
+    """Answers `{"echo": body["n"]}` after `delay_s` (lines whose `n` is in
+    `held` first wait for `gate` to open);
     a body with `"fail": true` gets a 400, one with `"busy": k` gets k
     "queue full" answers first. Counts every call and the most in flight."""
 
     def __init__(self, *, concurrency: int = 4, delay_s: float = 0.0) -> None:
         self.concurrency = concurrency
         self.delay_s = delay_s
-        self.gate: asyncio.Event | None = None
+        self.gate = asyncio.Event()
+        self.held: set[Any] = set()
         self.calls: list[Any] = []
         self.num_cancelled = 0
         self.in_flight = 0
@@ -47,7 +49,7 @@ class FakeExecutor:
         self.in_flight += 1
         self.max_in_flight_seen = max(self.max_in_flight_seen, self.in_flight)
         try:
-            if self.gate is not None:
+            if body.get("n") in self.held:
                 await self.gate.wait()
             await asyncio.sleep(self.delay_s)
         except asyncio.CancelledError:

@@ -12,7 +12,7 @@ import pytest
 
 from localserve.jobs.runner import BatchRunner, RunnerConfig
 from localserve.jobs.store import JobStore
-from localserve.jobs.types import BatchRecord, BatchStatus
+from localserve.jobs.types import BatchRecord, BatchStatus, LineRef
 from localserve.jobs.validate import Limits
 from tests.jobs.fakes import ENDPOINT, FakeExecutor, read_jsonl, request_line, write_input
 
@@ -105,15 +105,10 @@ async def test_busy_answers_are_retried_not_recorded(store: JobStore) -> None:
 
 async def test_cancel_stops_lines_and_keeps_partial_output(store: JobStore) -> None:
     executor = FakeExecutor(concurrency=2)
-    executor.gate = asyncio.Event()
+    executor.held = {2, 3, 4, 5}
     runner = await start(store, executor)
     batch = await submit(store, runner, [request_line(f"c{i}", n=i) for i in range(6)])
-    await wait_for(store, batch.id, lambda b: b.status is BatchStatus.IN_PROGRESS)
-    while executor.in_flight < 2:
-        await asyncio.sleep(0.01)
-    executor.gate.set()  # let the first two finish ...
     await wait_for(store, batch.id, lambda b: b.num_completed >= 2)
-    executor.gate.clear()  # ... and hold the next ones
     while executor.in_flight < 2:
         await asyncio.sleep(0.01)
     cancelling = await store.call(store.request_cancel, batch.id)
@@ -131,7 +126,7 @@ async def test_cancel_stops_lines_and_keeps_partial_output(store: JobStore) -> N
 
 async def test_cancel_while_queued_behind_another_batch(store: JobStore) -> None:
     executor = FakeExecutor(concurrency=1)
-    executor.gate = asyncio.Event()
+    executor.held = {1}
     runner = await start(store, executor)
     first = await submit(store, runner, [request_line("a", n=1)])
     second = await submit(store, runner, [request_line("b", n=2)])
@@ -181,17 +176,16 @@ async def test_restart_resumes_without_redoing_finished_lines(store: JobStore) -
 
 
 async def test_restart_finishes_a_batch_caught_finalizing(store: JobStore) -> None:
+    source = write_input(store, [request_line("a", n=1)])
+    batch = store.create_batch(ENDPOINT, source.id, "24h", DAY, None)
+    store.start_batch(batch.id, [LineRef(1, "a", 0, 10)], "m")
+    store.set_status(batch.id, BatchStatus.FINALIZING)  # as left by a crash
     executor = FakeExecutor()
     runner = await start(store, executor)
-    batch = await submit(store, runner, [request_line("a", n=1)])
-    await runner.stop()
-    batch = await wait_for(store, batch.id, lambda b: b.status is not BatchStatus.VALIDATING, timeout=1)
-    await store.call(store.set_status, batch.id, BatchStatus.FINALIZING)
-    runner2 = await start(store, executor)
     done = await wait_for(store, batch.id, finished)
-    await runner2.stop()
-    assert done.status is BatchStatus.COMPLETED
-    # The line never ran: it is reported, not silently dropped.
+    await runner.stop()
+    assert done.status is BatchStatus.COMPLETED and executor.calls == []
+    # The line has no result: it is reported, not silently dropped.
     assert read_jsonl(store.blob_path(done.error_file_id))[0]["error"]["code"] == "internal_error"
 
 

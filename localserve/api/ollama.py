@@ -1,0 +1,270 @@
+"""Ollama's API, for editors and tools that speak it (Continue, Zed, Open
+WebUI, JetBrains AI Assistant, ...): point them at this server's base URL
+as if it were Ollama.
+
+* `GET /` - "Ollama is running", as Ollama answers
+* `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`
+* `POST /api/chat`, `POST /api/generate` (see `api.ollama_chat`)
+* `POST /api/embed` (`input`: text or texts) and the older
+  `POST /api/embeddings` (`prompt`), on a loaded embeddings model
+
+Errors on these routes are Ollama's `{"error": "message"}` with the status
+(`ollama_error_middleware`); `/api/v1/...` is this server's own API and keeps
+the OpenAI envelope. Models are never pulled, copied or deleted through this
+API: `/api/pull` and the like answer 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from localserve.api import ollama_chat
+from localserve.api.metrics import note_model
+from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
+from localserve.api.ollama_models import (
+    GENERATE,
+    capabilities,
+    details,
+    file_facts,
+    listed_models,
+    model_entry,
+    resolve_model,
+)
+from localserve.api.state import MANAGER
+from localserve.engine.types import parse_priority
+from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.oneshot import EMBEDDINGS
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The Ollama API level this server answers like (clients check a minimum).
+OLLAMA_VERSION = "0.12.0"
+#: `/api/ps`: models stay loaded until unloaded; Ollama shows a far expiry then.
+NEVER_EXPIRES = "2318-01-01T00:00:00Z"
+
+
+def register(app: web.Application) -> None:
+    """Add the Ollama routes (add `ollama_error_middleware` to the app too)."""
+    app.router.add_get("/", root)
+    app.router.add_get("/api/version", version)
+    app.router.add_get("/api/tags", tags)
+    app.router.add_get("/api/ps", running)
+    app.router.add_post("/api/show", show)
+    app.router.add_post("/api/chat", ollama_chat.chat)
+    app.router.add_post("/api/generate", ollama_chat.generate)
+    app.router.add_post("/api/embed", embed)
+    app.router.add_post("/api/embeddings", embeddings)
+
+
+def is_ollama_path(path: str) -> bool:
+    return path == "/" or (path.startswith("/api/") and not (path + "/").startswith("/api/v1/"))
+
+
+@web.middleware
+async def ollama_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """On Ollama's routes, errors are `{"error": "..."}` (same statuses and
+    headers as the OpenAI envelope `error_middleware` gives elsewhere)."""
+    if not is_ollama_path(request.path):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except LocalServeError as exc:
+        return _ollama_error(exc)
+    except ValidationError as exc:
+        return _ollama_error(from_validation_error(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _ollama_error(from_http_error(exc, request))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return _ollama_error(LocalServeError("the server had an unexpected error while processing your request"))
+
+
+def _ollama_error(exc: LocalServeError) -> web.Response:
+    response = error_response(exc)  # status and Retry-After as everywhere
+    response.body = json.dumps({"error": exc.message}).encode()
+    return response
+
+
+# ---- models --------------------------------------------------------------------------
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_VERSION})
+
+
+async def tags(request: web.Request) -> web.Response:
+    """`GET /api/tags`: the loaded chat and embeddings models."""
+    listed = listed_models(request)
+    models = await asyncio.to_thread(lambda: [model_entry(model_id, path, info) for model_id, _, path, info in listed])
+    return web.json_response({"models": models})
+
+
+async def running(request: web.Request) -> web.Response:
+    """`GET /api/ps`: the same models, as loaded models."""
+    manager = request.app[MANAGER]
+    out = []
+    for model_id, kind, path, info in listed_models(request):
+        entry = await asyncio.to_thread(model_entry, model_id, path, info)
+        entry.pop("modified_at")
+        entry["expires_at"] = NEVER_EXPIRES
+        entry["size_vram"] = entry["size"] if info.device not in ("CPU", "cpu") else 0
+        entry["context_length"] = manager.engine.capacity(model_id).n_ctx if kind == GENERATE else info.n_ctx_train
+        out.append(entry)
+    return web.json_response({"models": out})
+
+
+class ShowRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = ""
+    name: str = ""  # Ollama's older field
+
+    @model_validator(mode="after")
+    def _named(self) -> ShowRequest:
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self
+
+
+async def show(request: web.Request) -> web.Response:
+    """`POST /api/show`: details, template, context length, capabilities."""
+    body = await parse_body(request, ShowRequest)
+    model_id, kind = resolve_model(request, body.model or body.name)
+    manager = request.app[MANAGER]
+    entry = next(item for item in listed_models(request) if item[0] == model_id)
+    info, path = entry[3], entry[2]
+    facts = details(info)
+    family = facts["family"]
+    template, parameters = "", ""
+    if kind == GENERATE:
+        tokenizer = manager.engine.tokenizer(model_id)
+        template = tokenizer.chat_template or ""
+        parameters = f'stop "{tokenizer.eos_token}"' if tokenizer.eos_token else ""
+        context_length = manager.engine.capacity(model_id).n_ctx
+    else:
+        context_length = info.n_ctx_train
+    _, _, modified = await asyncio.to_thread(file_facts, path)
+    return web.json_response(
+        {
+            "license": "",
+            "modelfile": f"# served by localserve\nFROM {path}\n",
+            "parameters": parameters,
+            "template": template,
+            "details": facts,
+            "model_info": {
+                "general.architecture": family,
+                "general.parameter_count": info.num_params,
+                f"{family}.context_length": context_length,
+            },
+            "capabilities": capabilities(request, model_id, kind),
+            "modified_at": modified,
+        }
+    )
+
+
+# ---- embeddings ----------------------------------------------------------------------
+
+
+class Embedder(Protocol):
+    def tokenize(self, text: str) -> tuple[int, ...]: ...
+
+    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
+
+
+class EmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(default_factory=list)
+    truncate: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+    keep_alive: str | float | None = None  # models stay loaded; accepted and ignored
+
+
+class LegacyEmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    prompt: str = ""
+    keep_alive: str | float | None = None
+
+
+async def embed(request: web.Request) -> web.Response:
+    """`POST /api/embed`: `{"embeddings": [[...], ...]}` (unit vectors)."""
+    started = time.monotonic_ns()
+    body = await parse_body(request, EmbedRequest)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    vectors, num_tokens = await _embed(request, body.model, texts, truncate=body.truncate, dimensions=body.dimensions)
+    return web.json_response(
+        {
+            "model": body.model,
+            "embeddings": [v.astype(np.float32).tolist() for v in vectors],
+            "total_duration": time.monotonic_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": num_tokens,
+        }
+    )
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """`POST /api/embeddings` (Ollama's older route): `{"embedding": [...]}`."""
+    body = await parse_body(request, LegacyEmbeddingsRequest)
+    if not body.prompt:
+        resolve_model(request, body.model)  # still 404 for an unknown model
+        return web.json_response({"embedding": []})
+    vectors, _ = await _embed(request, body.model, [body.prompt], truncate=True, dimensions=None)
+    return web.json_response({"embedding": vectors[0].astype(np.float32).tolist()})
+
+
+async def _embed(
+    request: web.Request, name: str, texts: list[str], *, truncate: bool, dimensions: int | None
+) -> tuple[list[np.ndarray], int]:
+    model_id, kind = resolve_model(request, name)
+    if kind == GENERATE:
+        loaded = [m for m, o in request.app[MANAGER].oneshot.items() if o.kind == EMBEDDINGS]
+        raise InvalidRequestError(
+            f'"{name}" is a chat model and does not make embeddings here; use an embeddings model '
+            f"(loaded: {', '.join(loaded) or 'none'})",
+            param="model",
+        )
+    note_model(request, model_id)
+    model = request.app[MANAGER].oneshot[model_id]
+    n_embd = getattr(model.backend, "n_embd", None)
+    if dimensions is not None and dimensions != n_embd:
+        raise InvalidRequestError(f'"{name}" makes vectors of {n_embd} dimensions only', param="dimensions")
+    if not texts:
+        return [], 0
+    backend: Embedder = model.backend  # type: ignore[assignment]
+    limit = getattr(model.backend, "max_input_tokens", None) if truncate else None
+    items = await asyncio.to_thread(_token_lists, backend, texts, limit)
+    vectors = await model.batcher.submit(items, priority=parse_priority(None))
+    return list(vectors), sum(len(item) for item in items)
+
+
+def _token_lists(backend: Embedder, texts: list[str], limit: int | None) -> list[tuple[int, ...]]:
+    items = []
+    for i, text in enumerate(texts):
+        param = "input" if len(texts) == 1 else f"input[{i}]"
+        if not text:
+            raise InvalidRequestError(f"{param} is an empty string; send some text", param=param)
+        ids = backend.tokenize(text)
+        if limit and len(ids) > limit:
+            ids = (*ids[: limit - 1], ids[-1])  # keep the closing special token ([SEP], EOS)
+        items.append(backend.check(ids, param))
+    return items

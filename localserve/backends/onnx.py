@@ -1,0 +1,142 @@
+"""The ONNX Runtime backend: a decoder-only model exported to ONNX with past
+key/values (optimum-onnx `text-generation-with-past`, or `localserve export
+--to onnx`), on the CPU, CUDA or DirectML execution provider.
+
+KV handling, batching and sampling live in kv_decoder.py (shared with
+OpenVINO); this module opens the session and runs the graph.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localserve.backends.base import BackendInfo
+from localserve.backends.hf_tokenizer import HFTokenizer
+from localserve.backends.kv_decoder import DecoderIO, KvDecoderBackend, default_kv_tokens, describe_io
+from localserve.engine.types import Capacity
+from localserve.errors import DeviceNotFoundError, LocalServeError
+
+#: device name -> execution provider, best first for `auto`.
+PROVIDERS = {
+    "cuda": "CUDAExecutionProvider",
+    "directml": "DmlExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+_DEVICE_NAMES = {"CUDAExecutionProvider": "CUDA", "DmlExecutionProvider": "DirectML", "CPUExecutionProvider": "CPU"}
+
+
+@dataclass(frozen=True, slots=True)
+class OnnxConfig:
+    """How to load an ONNX decoder folder (model.onnx + tokenizer files)."""
+
+    model_path: str  # the folder, or its model.onnx
+    n_ctx: int = 4096
+    parallel: int = 8
+    kv_tokens: int = 0  # 0: parallel * n_ctx, memory permitting
+    batch_tokens: int = 512
+    n_threads: int = 0  # 0: onnxruntime's default (all cores)
+    device: str = "auto"  # auto | cpu | cuda | directml
+
+
+def available_devices() -> list[str]:
+    """The devices onnxruntime can run on here, best first."""
+    import onnxruntime as ort
+
+    present = set(ort.get_available_providers())
+    return [_DEVICE_NAMES[p] for p in PROVIDERS.values() if p in present]
+
+
+def resolve_provider(device: str, present: list[str]) -> str:
+    """The execution provider for `device`; DeviceNotFoundError names the present ones."""
+    name = device.lower()
+    if name == "auto":
+        return next(p for p in PROVIDERS.values() if p in present or p == "CPUExecutionProvider")
+    if name in ("gpu", "dml"):
+        name = "cuda" if "CUDAExecutionProvider" in present else "directml"
+    if name not in PROVIDERS:
+        raise DeviceNotFoundError(f"unknown device {device!r} for onnxruntime; use auto, cpu, cuda or directml")
+    provider = PROVIDERS[name]
+    if provider not in present:
+        devices = ", ".join(_DEVICE_NAMES.get(p, p) for p in present if p in _DEVICE_NAMES) or "none"
+        hint = {"cuda": "pip install onnxruntime-gpu", "directml": "pip install onnxruntime-directml (Windows)"}
+        raise DeviceNotFoundError(
+            f"device {device!r} was asked for, but onnxruntime has no {provider} here; present: {devices}. "
+            f"Use --device cpu, or {hint.get(name, 'install an onnxruntime build with it')}."
+        )
+    return provider
+
+
+def model_file(path: Path) -> Path:
+    if path.is_dir():
+        path = path / "model.onnx"
+    if not path.is_file():
+        raise LocalServeError(f"ONNX model not found: {path}")
+    return path
+
+
+class OnnxBackend(KvDecoderBackend):
+    """A decoder-only ONNX model in one onnxruntime session."""
+
+    def __init__(self, config: OnnxConfig) -> None:
+        import onnxruntime as ort
+
+        path = model_file(Path(config.model_path))
+        self.config = config
+        self._provider = resolve_provider(config.device, ort.get_available_providers())
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = max(0, config.n_threads)
+        options.log_severity_level = 3
+        if self._provider == "DmlExecutionProvider":  # DirectML needs both off
+            options.enable_mem_pattern = False
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self._session = ort.InferenceSession(str(path), options, providers=[self._provider])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise LocalServeError(f"onnxruntime could not load {path}: {exc}") from exc
+        inputs = {i.name: (list(i.shape), i.type) for i in self._session.get_inputs()}
+        outputs = [o.name for o in self._session.get_outputs()]
+        io = describe_io(inputs, outputs, str(path))
+        self._output_names = ["logits", *io.present_names]
+        folder = path.parent
+        self._model_config = _read_config(folder)
+        n_ctx = min(config.n_ctx, int(self._model_config.get("max_position_embeddings") or config.n_ctx))
+        parallel = max(1, config.parallel)
+        capacity = Capacity(
+            max_num_seqs=parallel,
+            max_num_batched_tokens=config.batch_tokens,
+            kv_tokens=default_kv_tokens(io, parallel, n_ctx, config.kv_tokens),
+            n_ctx=n_ctx,
+        )
+        super().__init__(io, HFTokenizer(folder), capacity)
+
+    def _infer(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        logits, *presents = self._session.run(self._output_names, feeds)
+        return logits, presents
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            backend="onnx",
+            device=_DEVICE_NAMES.get(self._provider, self._provider),
+            model_path=self.config.model_path,
+            architecture=str(self._model_config.get("model_type", "")),
+            n_ctx_train=int(self._model_config.get("max_position_embeddings") or 0),
+        )
+
+    def close(self) -> None:
+        self._session = None  # type: ignore[assignment]
+        self._slots = []
+
+
+def _read_config(folder: Path) -> dict[str, object]:
+    path = folder / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
