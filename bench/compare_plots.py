@@ -43,6 +43,7 @@ def _plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name, server in summary["servers"].items():
@@ -55,6 +56,9 @@ def _plot(
         )
     if log_y:
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     xticks = sorted({float(k) for s in summary["servers"].values() for k in s[section]})
     ax.set_xticks(xticks, [f"{x:g}" for x in xticks])
     ax.set_title(title, fontsize=11)

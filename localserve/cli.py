@@ -27,6 +27,7 @@ from typing import Any
 from localserve import __version__
 from localserve.config import ServerSettings
 from localserve.errors import LocalServeError
+from localserve.models.models_cli import catalog_rows, keep_alive_option, max_loaded_models_option, print_rows
 
 ENV_PREFIX = "LOCALSERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -133,6 +134,22 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--max-body-bytes", "max_body_bytes", _int_at_least(1), "largest request body; larger gets 413", "N"),
     Option("--aging", "aging_s", _non_negative, "seconds of waiting that raise a request by one priority level", "S"),
     Option("--shutdown-timeout", "shutdown_timeout_s", _non_negative, "seconds to let requests finish on exit", "S"),
+    Option(
+        "--max-loaded-models",
+        "max_loaded_models",
+        max_loaded_models_option,
+        "models loaded at once per kind, N or chat=N,embeddings=N,asr=N (0 = no limit); the least recently "
+        "used idle one is unloaded to make room",
+        "N",
+    ),
+    Option(
+        "--keep-alive",
+        "keep_alive",
+        keep_alive_option,
+        "how long an idle model stays loaded: 5m, 30s, 0 (unload after each request), -1 (forever); "
+        "unset = 5m for models loaded on demand, forever for --model ones",
+        "DURATION",
+    ),
     Option("--log-level", "", _choice(LOG_LEVELS), f"logging level: {', '.join(LOG_LEVELS)}", "LEVEL", default="info"),
 )
 
@@ -144,7 +161,7 @@ def _default_of(option: Option) -> Any:
 
 
 def _describe_default(value: Any) -> str:
-    if value is None or value == []:
+    if value is None or value == [] or value == "":
         return "none"
     if isinstance(value, list):
         return ",".join(map(str, value))
@@ -408,9 +425,9 @@ def render_chat(tokenizer: Any, prompt: str, system: str | None) -> str:
 def add_list_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "list",
-        help="show known models, whether they are installed, and which a server has loaded",
-        description="List the built-in models (id, labels, installed or not, path, size) and, when a server "
-        "answers at --url, the models it has loaded (GET /v1/models).",
+        help="show known models, whether they are on this machine, and which a server has loaded",
+        description="List the catalog's models and the pulled ones (id, labels, status: installed from PyPI, "
+        "downloaded, not downloaded; size, path) and, when a server answers at --url, which it has loaded.",
     )
     parser.add_argument(
         "--url", default=None, metavar="URL", help=f"server to ask (env LOCALSERVE_URL; default: {DEFAULT_URL})"
@@ -425,54 +442,35 @@ def add_list_command(subparsers: Any) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     url = (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/")
     api_key = args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None
-    rows = builtin_rows()
+    rows = catalog_rows()
     loaded, server_note = fetch_loaded(url, api_key)
     for row in rows:
         row["loaded"] = loaded is not None and row["id"] in loaded
     if args.json:
         print(json.dumps({"models": rows, "server": url, "loaded": loaded, "server_note": server_note}, indent=2))
         return 0
-    print(f"{'ID':<28} {'LABELS':<12} {'INSTALLED':<10} {'SIZE':>8}  PATH")
-    for row in rows:
-        size = f"{row['size_bytes'] / 1e6:.0f} MB" if row["size_bytes"] else "-"
-        installed = "yes" if row["installed"] else "no"
-        print(f"{row['id']:<28} {','.join(row['labels']):<12} {installed:<10} {size:>8}  {row['path'] or row['note']}")
+    print_rows(rows, loaded)
     print()
     print(server_note if loaded is None else f"loaded at {url}: {', '.join(loaded) or 'none'}")
     return 0
 
 
-def builtin_rows() -> list[dict[str, Any]]:
-    from localserve.models.registry import BUILTIN_MODELS, builtin_path
-
-    rows = []
-    for model_id, model in sorted(BUILTIN_MODELS.items()):
-        row: dict[str, Any] = {
-            "id": model_id,
-            "labels": list(model.labels),
-            "installed": False,
-            "path": None,
-            "size_bytes": 0,
-            "note": "",
-        }
-        try:
-            path = builtin_path(model)
-            row.update(installed=True, path=str(path), size_bytes=path.stat().st_size)
-        except LocalServeError:
-            row["note"] = f"not installed: {model.install_hint}"
-        rows.append(row)
-    return rows
-
-
 def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple[list[str] | None, str]:
-    """Model ids loaded at `url`, or None and why not."""
-    request = urllib.request.Request(f"{url}/v1/models", headers={"Accept": "application/json"})
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
+    """Model ids loaded at `url` (every kind; chat only from a server without
+    /api/v1/loaded), or None and why not."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            body = json.load(response)
-        return [str(item["id"]) for item in body.get("data", [])], ""
+        for path in ("/api/v1/loaded", "/v1/models"):
+            request = urllib.request.Request(f"{url}{path}", headers={"Accept": "application/json"})
+            if api_key:
+                request.add_header("Authorization", f"Bearer {api_key}")
+            try:
+                with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                    body = json.load(response)
+                return [str(item["id"]) for item in body.get("data", [])], ""
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404 or path == "/v1/models":
+                    raise
+        raise AssertionError("unreachable")
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             return None, f"the server at {url} wants an API key: pass --api-key or set LOCALSERVE_API_KEY"
@@ -513,16 +511,23 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 # ---- main -------------------------------------------------------------------
 
+from localserve.batch_cli import add_batch_command  # noqa: E402 - light module
 from localserve.bench.command import add_bench_command  # noqa: E402 - light module
 from localserve.models.convert_cli import add_convert_command  # noqa: E402 - light module
+from localserve.models.export_cli import add_export_command  # noqa: E402 - light module
+from localserve.models.models_cli import add_pull_command, add_rm_command  # noqa: E402 - light module
 
 COMMANDS: list[Callable[[Any], None]] = [
     add_serve_command,
     add_run_command,
     add_list_command,
+    add_pull_command,
+    add_rm_command,
     add_top_command,
     add_convert_command,
+    add_export_command,
     add_bench_command,
+    add_batch_command,
 ]
 
 

@@ -105,3 +105,17 @@ class EngineStoppedError(LocalServeError):
     status = 503
     type = "server_error"
     code = "engine_stopped"
+
+
+class PullError(LocalServeError):
+    """A model could not be fetched from its hub (network, HTTP error, offline, disk)."""
+
+    status = 502
+    type = "server_error"
+    code = "pull_failed"
+
+
+class ChecksumMismatchError(PullError):
+    """A downloaded file is not the file its digest names; it was deleted."""
+
+    code = "checksum_mismatch"

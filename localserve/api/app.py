@@ -7,6 +7,8 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
   loaded, then 200 `{"status": "ok"}`; 503 `{"status": "error"}` if one failed
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
   answer's `id`, also sent as the `X-Request-Id` header)
+* `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.openapi`;
+  no API key needed, like /health)
 * Ollama's dialect (`api.ollama`), llama.cpp's `/infill` (`api.infill`),
   Prometheus `/metrics` (`api.metrics`)
 """
@@ -21,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api import audio, batches, embeddings, infill, metrics, ollama
+from localserve.api import audio, batches, debug, embeddings, infill, metrics, models_admin, ollama, openapi
+from localserve.api.batch_service import JOBS
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
 from localserve.api.generation import request_ids
@@ -58,6 +61,7 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     app[STATE] = ApiState()
     app.on_response_prepare.append(cors_response_headers(settings))
     app.cleanup_ctx.append(_models_lifecycle)
+    app.on_shutdown.append(_drain)  # graceful shutdown (SIGTERM, Ctrl-C): see `_drain`
     for prefix in API_PREFIXES:
         app.router.add_get(f"{prefix}/models", list_models)
         app.router.add_get(f"{prefix}/models/{{model_id}}", get_model)
@@ -66,12 +70,15 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     app.router.add_post("/api/v1/requests/{request_id}/cancel", cancel_request)
     app.router.add_get("/health", health)
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
+    models_admin.register(app)  # /api/v1/pull, /api/v1/load, DELETE models/{id}; on-demand loads, LRU, keep_alive
     embeddings.register(app)  # /v1/embeddings
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
     batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)
     ollama.register(app)  # /, /api/tags, /api/chat, /api/generate, /api/embed, ... (Ollama's dialect)
     infill.register(app)  # /infill (llama.cpp's fill-in-the-middle)
     metrics.register(app)  # /metrics (Prometheus)
+    debug.register(app)  # /api/v1/debug/fault, only with LOCALSERVE_ENABLE_FAULTS=1 (tests)
+    openapi.register(app)  # /openapi.json: every route of the router, no API key needed
     return app
 
 
@@ -88,6 +95,20 @@ async def _models_lifecycle(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await state.loader
     await app[MANAGER].engine.close()
+
+
+async def _drain(app: web.Application) -> None:
+    """Once the server has stopped accepting connections: stop the batch
+    runner (its lines in flight are aborted and redone after a restart, so no
+    batch line fails for the shutdown), then let the requests in flight finish
+    for up to `--shutdown-timeout` seconds; the rest end with an error
+    ("server shutting down"). New requests on open connections get 503."""
+    runner = app[JOBS].runner
+    if runner is not None:
+        await runner.stop()
+    num_ended = await app[MANAGER].engine.drain(app[SETTINGS].shutdown_timeout_s)
+    if num_ended:
+        log.warning("shutdown: ended %d requests still running after %.0f s", num_ended, app[SETTINGS].shutdown_timeout_s)
 
 
 async def _load_models(app: web.Application) -> None:
@@ -148,7 +169,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     """`GET /v1/models/{id}`: one loaded model, or 404."""
-    model_id = require_model(request, request.match_info["model_id"])
+    model_id = await require_model(request, request.match_info["model_id"], load=False)
     return web.json_response(_model_object(model_id, request.app[MANAGER].loaded[model_id], request))
 
 

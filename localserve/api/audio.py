@@ -79,7 +79,7 @@ async def _speech(request: web.Request, *, task: str) -> web.StreamResponse:
         priority = parse_priority(form.text("priority"))
     except ValueError as exc:
         raise InvalidRequestError(str(exc), param="priority") from None
-    model = oneshot_model(request, model_id, TRANSCRIPTION)
+    model = await oneshot_model(request, model_id, TRANSCRIPTION)
     backend: FasterWhisperBackend = model.backend  # type: ignore[assignment]
     options = TranscribeOptions(
         task=task,

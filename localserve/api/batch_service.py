@@ -12,9 +12,10 @@ errors and answers are the same to the byte. Only `stream` is forced off and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,7 +34,7 @@ from localserve.jobs.runner import BatchRunner, RunnerConfig
 from localserve.jobs.store import JobStore
 from localserve.jobs.types import LineResult, new_id
 from localserve.jobs.validate import Limits
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelManager, resolve
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,22 @@ def headless_app(settings: ServerSettings) -> web.Application:
     app[MANAGER] = ModelManager(Engine(EngineConfig(max_queue=settings.max_queue)), settings)
     app[STATE] = ApiState()
     return app
+
+
+@contextlib.asynccontextmanager
+async def local_model(
+    settings: ServerSettings, name: str, concurrency: int = 0
+) -> AsyncIterator[tuple[AppLineExecutor, str]]:
+    """Load model `name` into a headless app for `localserve batch run`;
+    yields the executor and the model's id, and closes the model after."""
+    app = headless_app(settings)
+    manager = app[MANAGER]
+    try:
+        loaded = await manager.load(resolve(name))
+        yield AppLineExecutor(app, concurrency), loaded.spec.model_id
+    finally:
+        await manager.engine.close()
+        await manager.close_oneshot()
 
 
 class BatchService:

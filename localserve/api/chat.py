@@ -109,7 +109,7 @@ class ChatChunkFormat:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Chat completion, streamed (SSE) or whole; n choices; JSON modes; tools."""
     body = await parse_body(request, ChatCompletionRequest)
-    model_id = require_model(request, body.model)
+    model_id = await require_model(request, body.model)
     note_model(request, model_id)
     engine = engine_of(request)
     tokenizer = engine.tokenizer(model_id)

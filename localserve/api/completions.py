@@ -99,7 +99,7 @@ def _choices(
 async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy completion of one or many prompts (text or token ids)."""
     body = await parse_body(request, CompletionRequest)
-    model_id = require_model(request, body.model)
+    model_id = await require_model(request, body.model)
     note_model(request, model_id)
     engine = engine_of(request)
     tokenizer = engine.tokenizer(model_id)

@@ -76,7 +76,7 @@ def register(app: web.Application) -> None:
 
 async def create_embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, EmbeddingRequest)
-    model = oneshot_model(request, body.model, EMBEDDINGS)
+    model = await oneshot_model(request, body.model, EMBEDDINGS)
     backend: Embedder = model.backend  # type: ignore[assignment]
     if body.dimensions is not None and body.dimensions != backend.n_embd:
         raise InvalidRequestError(

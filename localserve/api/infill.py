@@ -83,7 +83,7 @@ def register(app: web.Application) -> None:
 
 async def infill(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, InfillRequest)
-    model_id = require_model(request, body.model or _default_model(request))
+    model_id = await require_model(request, body.model or _default_model(request))
     note_model(request, model_id)
     engine = engine_of(request)
     tokenizer = engine.tokenizer(model_id)

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: Routes that answer without an API key (liveness probes).
-PUBLIC_PATHS = frozenset({"/health"})
+#: Routes that answer without an API key (liveness probes, the API's own description).
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 
 # pydantic names the members of a union in an error's location ("str",
 # "list[str]", "function-after[...]"); they are not part of the field path.

@@ -7,21 +7,29 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.leases import use_model
 from localserve.api.state import MANAGER, SETTINGS, STATE
 from localserve.api.stats import add_one_shot_provider
 from localserve.errors import LocalServeError, ModelLoadingError
-from localserve.models.oneshot import oneshot_kind
+from localserve.models.oneshot import EMBEDDINGS, oneshot_kind
+from localserve.models.policy import ASR
+from localserve.models.policy import EMBEDDINGS as EMBEDDINGS_KIND
 from localserve.models.registry import LoadedOneShot, ModelManager, resolve
+from localserve.models.store import validate_model_id
 
 PREFIXES = ("/v1", "/api/v1")
 _CLEANUP_ADDED = web.AppKey("oneshot_cleanup_added", bool)
 
 
-def oneshot_model(request: web.Request, model_id: str, kind: str) -> LoadedOneShot:
-    """The loaded one-shot model; 503 while start-up loading may still bring it."""
+async def oneshot_model(request: web.Request, model_id: str, kind: str) -> LoadedOneShot:
+    """The one-shot model, loaded on demand and held for this request
+    (api.leases); 503 while start-up loading may still bring it."""
     manager = request.app[MANAGER]
-    if model_id not in manager.oneshot and request.app[STATE].loading:
-        raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
+    if model_id not in manager.oneshot:
+        validate_model_id(model_id)
+        if request.app[STATE].loading:
+            raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
+    await use_model(request, model_id, kind=EMBEDDINGS_KIND if kind == EMBEDDINGS else ASR)
     return manager.get_oneshot(model_id, kind)
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
+from localserve.api.leases import use_model
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine
 from localserve.errors import ModelLoadingError
+from localserve.models.policy import CHAT
 from localserve.models.registry import ModelManager
+from localserve.models.store import validate_model_id
 
 
 @dataclass(slots=True)
@@ -47,10 +51,18 @@ def engine_of(request: web.Request) -> Engine:
     return request.app[MANAGER].engine
 
 
-def require_model(request: web.Request, model_id: str) -> str:
-    """`model_id` if it is loaded; 503 while start-up loading runs, else 404."""
+async def require_model(request: web.Request, model_id: str, *, load: bool = True, keep_alive: Any = None) -> str:
+    """`model_id`, loaded and held until this request is over (api.leases):
+    a known model that is not loaded is loaded now unless `load` is False
+    (other requests keep flowing meanwhile); `keep_alive` (else the body's)
+    says how long it stays loaded once idle. 400 for an invalid id, 503 while
+    start-up loading runs, else 404."""
     manager = request.app[MANAGER]
-    if model_id not in manager.loaded and request.app[STATE].loading:
-        raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
-    manager.get(model_id)  # raises ModelLoadingError / ModelNotFoundError
+    if model_id not in manager.loaded:
+        validate_model_id(model_id)
+        if request.app[STATE].loading:
+            raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
+    if load or model_id in manager.loaded:
+        await use_model(request, model_id, kind=CHAT, keep_alive=keep_alive)
+    manager.get(model_id)  # raises ModelLoadingError / ModelNotFoundError / InvalidRequestError (wrong kind)
     return model_id

@@ -2,7 +2,8 @@
 configs and GGUF metadata) in jinja2's immutable sandbox.
 
 A GGUF's template is untrusted input: the sandbox blocks attribute access to
-internals, and rendering has a size limit on its output.
+internals, and bounds the work, memory and output of a render
+(`template_sandbox`); whatever goes wrong in a template is the request's 400.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from localserve.backends.template_sandbox import LimitedSandbox, TemplateLimitError, limited_render
 from localserve.errors import InvalidRequestError
 
 MAX_RENDERED_CHARS = 4_000_000
@@ -47,7 +48,7 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -64,8 +65,8 @@ class ChatTemplate:
         self.eos_token = eos_token
         try:
             self._template = _compile(self.source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"the model's chat template does not parse: {exc}") from exc
+        except (jinja2.TemplateSyntaxError, RecursionError) as exc:  # deep nesting overflows the parser
+            raise ValueError(f"the model's chat template does not parse: {exc!r}") from exc
 
     def render(
         self,
@@ -76,7 +77,8 @@ class ChatTemplate:
         **extra: Any,
     ) -> str:
         try:
-            text = self._template.render(
+            text = limited_render(
+                self._template,
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 tools=list(tools) if tools else None,
@@ -88,8 +90,10 @@ class ChatTemplate:
             raise
         except jinja2.exceptions.SecurityError as exc:
             raise InvalidRequestError(f"the model's chat template tried an unsafe operation: {exc}") from exc
-        except (jinja2.TemplateError, TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise InvalidRequestError(f"the model's chat template failed on these messages: {exc}") from exc
+        except TemplateLimitError as exc:
+            raise InvalidRequestError(f"the model's chat template went over a limit: {exc}") from exc
+        except Exception as exc:  # the template's own failure (RecursionError, ZeroDivisionError, ...): never a 500
+            raise InvalidRequestError(f"the model's chat template failed on these messages: {exc!r}") from exc
         if len(text) > MAX_RENDERED_CHARS:
             raise InvalidRequestError("the rendered chat prompt is too large")
         return text

@@ -23,10 +23,12 @@ decides how a step's chunks become graph calls:
 
 from __future__ import annotations
 
+import json
 import re
 from abc import abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -61,9 +63,7 @@ class DecoderIO:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
 
 
-def describe_io(
-    inputs: dict[str, tuple[list[object], str]], outputs: Collection[str], what: str
-) -> DecoderIO:
+def describe_io(inputs: dict[str, tuple[list[object], str]], outputs: Collection[str], what: str) -> DecoderIO:
     """`inputs`: name -> (shape with ints for static dims, element type name)."""
     past = {(int(m[1]), m[2]): name for name in inputs if (m := _PAST.match(name))}
     present = {(int(m[1]), m[2]): name for name in outputs if (m := _PRESENT.match(name))}
@@ -278,3 +278,13 @@ def default_kv_tokens(io: DecoderIO, parallel: int, n_ctx: int, requested: int) 
     except (ImportError, OSError):
         budget = 16384
     return max(n_ctx, min(parallel * n_ctx, int(budget)))
+
+
+def read_model_config(folder: Path) -> dict[str, object]:
+    """The folder's config.json (model_type, max_position_embeddings), or {}."""
+    path = folder / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -68,7 +68,7 @@ class NumpySampler:
         cuts = p.top_p < 1.0 or p.min_p > 0.0
         if 0 < p.top_k < num:
             ids, partial = np.argpartition(-row, p.top_k - 1)[: p.top_k], False
-        elif cuts and _CANDIDATES < num:
+        elif cuts and num > _CANDIDATES:
             ids, partial = np.argpartition(-row, _CANDIDATES - 1)[:_CANDIDATES], True
         else:
             ids, partial = np.arange(num), False

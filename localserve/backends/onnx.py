@@ -8,7 +8,6 @@ OpenVINO); this module opens the session and runs the graph.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,12 @@ import numpy as np
 
 from localserve.backends.base import BackendInfo
 from localserve.backends.hf_tokenizer import HFTokenizer
-from localserve.backends.kv_decoder import DecoderIO, KvDecoderBackend, default_kv_tokens, describe_io
+from localserve.backends.kv_decoder import (
+    KvDecoderBackend,
+    default_kv_tokens,
+    describe_io,
+    read_model_config,
+)
 from localserve.engine.types import Capacity
 from localserve.errors import DeviceNotFoundError, LocalServeError
 
@@ -103,7 +107,7 @@ class OnnxBackend(KvDecoderBackend):
         io = describe_io(inputs, outputs, str(path))
         self._output_names = ["logits", *io.present_names]
         folder = path.parent
-        self._model_config = _read_config(folder)
+        self._model_config = read_model_config(folder)
         n_ctx = min(config.n_ctx, int(self._model_config.get("max_position_embeddings") or config.n_ctx))
         parallel = max(1, config.parallel)
         capacity = Capacity(
@@ -130,13 +134,3 @@ class OnnxBackend(KvDecoderBackend):
     def close(self) -> None:
         self._session = None  # type: ignore[assignment]
         self._slots = []
-
-
-def _read_config(folder: Path) -> dict[str, object]:
-    path = folder / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-

@@ -21,6 +21,10 @@ from localserve.engine.types import Capacity, FinishReason, GenerateRequest, Tok
 from localserve.engine.worker import StepWorker
 from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
 
+#: The error of requests still running when a graceful shutdown's time is up.
+SHUTDOWN_MESSAGE = "server shutting down"
+DRAIN_POLL_S = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -115,6 +119,7 @@ class Engine:
         self.config = config or EngineConfig()
         self._models: dict[str, _Model] = {}
         self._request_ids = itertools.count()
+        self._draining = False
 
     # ---- models --------------------------------------------------------------
 
@@ -139,6 +144,23 @@ class Engine:
     async def close(self) -> None:
         for model_id in list(self._models):
             await self.remove_model(model_id)
+
+    async def drain(self, timeout: float) -> int:
+        """Graceful shutdown: refuse new requests (503), let those in flight
+        finish for up to `timeout` seconds, then end the rest with
+        `FinishReason.ERROR` and `SHUTDOWN_MESSAGE`. Returns how many were ended."""
+        self._draining = True
+        deadline = time.monotonic() + timeout
+        while any(m.streams for m in self._models.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        num_ended = 0
+        for model in self._models.values():
+            for request_id, stream in list(model.streams.items()):
+                model.forget(request_id)
+                model.worker.abort(request_id)
+                stream._deliver(_ended(stream, request_id, FinishReason.ERROR, SHUTDOWN_MESSAGE))
+                num_ended += 1
+        return num_ended
 
     def model_ids(self) -> list[str]:
         return list(self._models)
@@ -172,6 +194,8 @@ class Engine:
     def submit(self, model_id: str, request: GenerateRequest) -> RequestStream:
         """Queue a request; raises at once if it can never run or the queue is full."""
         model = self._model(model_id)
+        if self._draining:
+            raise EngineStoppedError("the server is shutting down; retry shortly")
         if not model.worker.alive:
             raise EngineStoppedError(f"model {model_id!r} is not running; reload it")
         n_ctx = model.capacity.n_ctx
@@ -203,7 +227,7 @@ class Engine:
             if stream is not None:
                 model.forget(request_id)
                 model.worker.abort(request_id)
-                stream._deliver(_aborted(stream, request_id))
+                stream._deliver(_ended(stream, request_id, FinishReason.ABORT))
                 return True
         return False
 
@@ -254,11 +278,12 @@ class Engine:
         self._model(model_id).worker.fault_hook = hook
 
 
-def _aborted(stream: RequestStream, request_id: str) -> TokenEvent:
+def _ended(stream: RequestStream, request_id: str, reason: FinishReason, error: str | None = None) -> TokenEvent:
     return TokenEvent(
         request_id=request_id,
         token_ids=(),
         text="",
-        finish_reason=FinishReason.ABORT,
+        finish_reason=reason,
+        error=error,
         num_prompt_tokens=len(stream.request.prompt_token_ids),
     )

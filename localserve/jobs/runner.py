@@ -124,8 +124,11 @@ class BatchRunner:
             except Exception:
                 log.exception("batch runner: %s failed; retrying", work.__name__)
                 await asyncio.sleep(1.0)
+            # asyncio.timeout, not wait_for: in 3.11 wait_for may swallow a
+            # cancel (stop()) that comes as the event is set.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(due.wait(), self.config.sweep_interval_s)
+                async with asyncio.timeout(self.config.sweep_interval_s):
+                    await due.wait()
 
     async def _housekeep(self) -> None:
         now = self.store.now()

@@ -45,9 +45,7 @@ Progress = Callable[[str, int, int], None]
 
 # GGUF `tokenizer.ggml.pre` -> how the text is split before BPE (llama.cpp's
 # llama-vocab.cpp has the same table as regular expressions).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -219,7 +217,9 @@ def write_gguf_tokenizer(reader: Any, out: Path) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     # 3: control (special), 4: user-defined (added, kept as text)
-    added = [AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty in (3, 4)]
+    added = [
+        AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty in (3, 4)
+    ]
     tokenizer.add_tokens(added)
     tokenizer.save(str(out / "tokenizer.json"))
 

@@ -8,20 +8,24 @@ with no model hub.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localserve.backends.base import OneShotBackend
+from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from localserve.config import ServerSettings
 from localserve.engine.batcher import Batcher
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
+from localserve.models.catalog import load_catalog, locate
+from localserve.models.generative import ONNX, OPENVINO, backend_kind, open_generative
 from localserve.models.oneshot import detect_labels, oneshot_kind, open_oneshot
+from localserve.models.store import is_model_id
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -69,6 +73,7 @@ class ModelSpec:
     model_id: str
     path: Path
     labels: tuple[str, ...] = ("chat",)
+    backend: str = "llamacpp"  # generative models: llamacpp | onnx | openvino (see models/generative.py)
 
 
 def validate_model_id(model_id: str) -> str:
@@ -103,13 +108,19 @@ def resolve(text: str) -> ModelSpec:
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf" or path.exists():
         return _from_path(validate_model_id(path.stem), path)
-    known = ", ".join(sorted(BUILTIN_MODELS))
+    located = locate(text) if is_model_id(text) else None  # catalog and model store; 404 + fix if not here
+    if located is not None:
+        return dataclasses.replace(_from_path(located.model_id, located.path), labels=located.labels)
+    known = ", ".join(sorted(set(BUILTIN_MODELS) | set(load_catalog())))
     raise ModelNotFoundError(f"unknown model {text!r}: give a .gguf path, ID=PATH, or a known id ({known})")
 
 
 def _from_path(model_id: str, path: Path) -> ModelSpec:
     if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path}")
+    kind = backend_kind(path)
+    if kind in (ONNX, OPENVINO):  # an exported decoder folder
+        return ModelSpec(model_id, path.resolve(), ("chat",), backend=kind)
     labels = detect_labels(path)  # a GGUF chats unless it is an embedding model; folders by their files
     if not labels:
         raise ModelNotFoundError(f"{path} is a folder but not a model localserve can load")
@@ -131,7 +142,7 @@ class LoadedOneShot:
 @dataclass(slots=True)
 class LoadedModel:
     spec: ModelSpec
-    backend: LlamaCppBackend
+    backend: GenerativeBackend
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
 
@@ -168,7 +179,10 @@ class ModelManager:
         self.loading.add(spec.model_id)
         started = time.monotonic()
         try:
-            backend = await asyncio.to_thread(LlamaCppBackend, self.backend_config(spec))
+            if spec.backend in (ONNX, OPENVINO):
+                backend = await asyncio.to_thread(open_generative, spec.backend, spec.path, self.settings)
+            else:
+                backend = await asyncio.to_thread(LlamaCppBackend, self.backend_config(spec))
         except LocalServeError as exc:
             self.failed[spec.model_id] = exc.message
             raise

@@ -1,0 +1,60 @@
+"""Models held for the requests that use them.
+
+`use_model(request, model_id, kind=...)` loads the model if needed and holds
+it until the request is over (the middleware below gives it back, streaming
+answers included), so that it is never evicted mid-request; the request's
+`keep_alive` then starts the model's idle clock. `keep_alive` is taken from
+the caller, else from the JSON body (Ollama's field; accepted on every JSON
+route as an extension).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from localserve.models.lifecycle import Lease, ModelLifecycle
+
+LIFECYCLE = web.AppKey("model_lifecycle", ModelLifecycle)
+_LEASES = "localserve.model_leases"  # request key: the leases this request holds
+
+
+@web.middleware
+async def release_leases_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Give back the models a request held once its answer is written (or it failed or was cancelled)."""
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    finally:
+        leases: list[Lease] = request.pop(_LEASES, [])
+        if leases:
+            lifecycle = request.app[LIFECYCLE]
+            for lease in leases:
+                lifecycle.release(lease)
+
+
+async def use_model(request: web.Request, model_id: str, *, kind: str | None, keep_alive: Any = None) -> None:
+    """Load `model_id` if needed and hold it for this request (no-op in an
+    app without a lifecycle). 400 bad id or kind, 404 unknown, 503 no room."""
+    lifecycle = request.app.get(LIFECYCLE)
+    if lifecycle is None:
+        return
+    if keep_alive is None:
+        keep_alive = await body_keep_alive(request)
+    lease = await lifecycle.acquire(model_id, kind=kind, keep_alive=keep_alive)
+    request.setdefault(_LEASES, []).append(lease)
+
+
+async def body_keep_alive(request: web.Request) -> Any:
+    """`keep_alive` of a JSON body already read by the handler (aiohttp keeps the bytes)."""
+    if request.method != "POST" or not request.body_exists or request.content_type != "application/json":
+        return None
+    raw = await request.read()
+    if b'"keep_alive"' not in raw:  # most bodies: no second parse
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data.get("keep_alive") if isinstance(data, dict) else None

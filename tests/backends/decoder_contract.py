@@ -1,0 +1,297 @@
+"""Tests every explicit-KV decoder backend (ONNX Runtime, OpenVINO) must
+pass, on SmolLM2 exported from the shipped GGUF. A test module imports these
+and defines the `decoder` fixture (a module-scoped backend, 4 slots) and
+`backend_factory` (opens another backend on the same model with overrides).
+
+Slow: each needs the real model (the export itself is cached across runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localserve.backends.kv_decoder import KvDecoderBackend
+from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.types import FinishReason, GenerateRequest, KvOp, SamplingParams, SeqChunk, StepBatch, TokenEvent
+from localserve.errors import InvalidRequestError
+
+GREEDY = SamplingParams(temperature=0.0)
+REFERENCE_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+REFERENCE_TOKENS = 12
+# Confident continuations: a batch of 8 may round differently from a batch
+# of 1 (different kernel blocking), which would flip only near-ties.
+CONCURRENT_PROMPTS = [
+    "1, 2, 3, 4, 5,",
+    "Monday, Tuesday, Wednesday,",
+    "January, February, March,",
+    "a, b, c, d, e,",
+    "10, 20, 30, 40,",
+    "one, two, three, four,",
+    "2, 4, 6, 8, 10,",
+    "Sunday, Monday, Tuesday,",
+]
+_ids = itertools.count()
+BackendFactory = Callable[..., KvDecoderBackend]
+
+
+def chunk(seq_id: int, slot: int, tokens: list[int], start: int, sample: bool = True, params=GREEDY) -> SeqChunk:  # type: ignore[no-untyped-def]
+    return SeqChunk(seq_id, slot, tuple(tokens), start, sample, params)
+
+
+def step(backend: KvDecoderBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = ()) -> dict[int, int]:
+    result = backend.execute(StepBatch(0, kv_ops, tuple(chunks)))
+    assert not result.failed
+    return {seq_id: s.token_id for seq_id, s in result.sampled.items()}
+
+
+def greedy_alone(backend: KvDecoderBackend, prompt: list[int], n: int, slot: int = 0, seq_id: int = 0) -> list[int]:
+    backend.clear_slots([slot])
+    token = step(backend, [chunk(seq_id, slot, prompt, 0)])[seq_id]
+    out, pos = [token], len(prompt)
+    for _ in range(n - 1):
+        token = step(backend, [chunk(seq_id, slot, [token], pos)])[seq_id]
+        out.append(token)
+        pos += 1
+    backend.release([seq_id])
+    return out
+
+
+def encode(backend: KvDecoderBackend, text: str) -> list[int]:
+    return backend.tokenizer().encode(text, add_special=False)
+
+
+# ---- the backend, step by step ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_capital_of_france_is_paris(decoder: KvDecoderBackend) -> None:
+    out = greedy_alone(decoder, encode(decoder, "The capital of France is"), 4)
+    assert "Paris" in decoder.tokenizer().decode(out)
+
+
+@pytest.mark.slow
+def test_greedy_tokens_match_the_pytorch_reference(
+    decoder: KvDecoderBackend, smollm2_path: Path, exported_smollm2: dict[str, Path]
+) -> None:
+    from tests.fixtures.export_smollm2 import reference_greedy
+
+    expected = reference_greedy(smollm2_path, exported_smollm2["onnx"], REFERENCE_PROMPTS, REFERENCE_TOKENS)
+    got = [greedy_alone(decoder, encode(decoder, p), REFERENCE_TOKENS) for p in REFERENCE_PROMPTS]
+    assert got == expected
+
+
+@pytest.mark.slow
+def test_mixed_batch_equals_each_sequence_alone(decoder: KvDecoderBackend) -> None:
+    """Two prompts of different lengths: one whole, one in two chunks, the
+    second chunk in the same step as the first one's decode tokens; then
+    batched decode with different past lengths (padded) in one call."""
+    a, b = encode(decoder, "The quick brown fox jumps over"), encode(decoder, "Paris is the capital of")
+    alone_a, alone_b = greedy_alone(decoder, a, 6, slot=0), greedy_alone(decoder, b, 6, slot=1)
+    decoder.clear_slots([0, 1])
+    first = step(decoder, [chunk(1, 0, a, 0), chunk(2, 1, b[:2], 0, sample=False)])
+    out_a = [first[1]]
+    second = step(decoder, [chunk(1, 0, out_a[-1:], len(a)), chunk(2, 1, b[2:], 2)])
+    out_a.append(second[1])
+    out_b = [second[2]]
+    calls_before = decoder.num_calls
+    for i in range(4):
+        nxt = step(decoder, [chunk(1, 0, out_a[-1:], len(a) + 1 + i), chunk(2, 1, out_b[-1:], len(b) + i)])
+        out_a.append(nxt[1])
+        out_b.append(nxt[2])
+    assert decoder.num_calls - calls_before == 4, "decode tokens of both sequences share one call per step"
+    out_b.append(step(decoder, [chunk(2, 1, out_b[-1:], len(b) + 4)])[2])
+    decoder.release([1, 2])
+    assert out_a == alone_a
+    assert out_b == alone_b
+
+
+@pytest.mark.slow
+def test_padding_does_not_change_a_sequence_logits(decoder: KvDecoderBackend) -> None:
+    """A row's logits are (numerically) the same whatever other rows of its
+    call hold and however far its past is padded."""
+    a = encode(decoder, "The quick brown fox jumps over")
+    seen = []
+    for other in ("Hi", "A much longer prompt that forces padding of the past for the first row"):
+        decoder.clear_slots([0, 1])
+        other_ids = encode(decoder, other)
+        decoder.execute(StepBatch(0, (), (chunk(1, 0, a[:-1], 0, sample=False),)))
+        decoder.execute(StepBatch(0, (), (chunk(2, 1, other_ids, 0, sample=False),)))
+        params = SamplingParams(temperature=0.0, logprobs=5)
+        result = decoder.execute(
+            StepBatch(0, (), (chunk(1, 0, a[-1:], len(a) - 1, params=params), chunk(2, 1, [13], len(other_ids))))
+        )
+        decoder.release([1, 2])
+        seen.append(result.sampled[1].logprob)
+    assert seen[0].token_id == seen[1].token_id
+    np.testing.assert_allclose([v for _, v in seen[0].top], [v for _, v in seen[1].top], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_copy_kv_op_reuses_a_prefix(decoder: KvDecoderBackend) -> None:
+    prompt = encode(decoder, "Hello world, this is a small model running in a test.")
+    expected = greedy_alone(decoder, prompt, 4, slot=2)
+    decoder.clear_slots([0, 2])
+    step(decoder, [chunk(300, 0, prompt[:-1], 0, sample=False)])
+    copy = (KvOp("copy", 2, len(prompt) - 1, src=0),)
+    got = [step(decoder, [chunk(201, 2, prompt[-1:], len(prompt) - 1)], copy)[201]]
+    assert decoder.slot_num_tokens(2) == len(prompt)
+    for i in range(3):
+        got.append(step(decoder, [chunk(201, 2, got[-1:], len(prompt) + i)])[201])
+    step(decoder, [], (KvOp("keep", 2, 3),))
+    assert decoder.slot_num_tokens(2) == 3
+    decoder.release([201, 300])
+    assert got == expected
+
+
+@pytest.mark.slow
+def test_logprobs_are_a_distribution(decoder: KvDecoderBackend) -> None:
+    prompt = encode(decoder, "The capital of France is")
+    decoder.clear_slots([0])
+    result = decoder.execute(
+        StepBatch(0, (), (chunk(9, 0, prompt, 0, params=SamplingParams(temperature=0.0, logprobs=5)),))
+    )
+    decoder.release([9])
+    sampled = result.sampled[9]
+    lp = sampled.logprob
+    assert lp is not None and len(lp.top) == 5 and lp.top[0][0] == sampled.token_id
+    assert lp.logprob == pytest.approx(lp.top[0][1])
+    assert 0 < sum(math.exp(v) for _, v in lp.top) <= 1.0 + 1e-6
+
+
+@pytest.mark.slow
+def test_grammar_is_refused_clearly(decoder: KvDecoderBackend) -> None:
+    params = SamplingParams(temperature=0.0, grammar='root ::= "yes"')
+    with pytest.raises(InvalidRequestError, match="llama.cpp"):
+        decoder.validate(params)
+    prompt = encode(decoder, "Yes or no?")
+    decoder.clear_slots([0, 1])
+    result = decoder.execute(StepBatch(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=params))))
+    decoder.release([1, 2])
+    assert 1 in result.sampled and "llama.cpp" in result.failed[2]
+
+
+@pytest.mark.slow
+def test_exported_tokenizer_matches_llama_cpp(decoder: KvDecoderBackend, smollm2_path: Path) -> None:
+    from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+
+    llama = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=1))
+    try:
+        ours, theirs = decoder.tokenizer(), llama.tokenizer()
+        for text in ("café 日本語 🙂 x=12345;\n\tdef f(): pass", "<|im_start|>user\nHi<|im_end|>\n"):
+            for special in (True, False):
+                ids = ours.encode(text, add_special=True, parse_special=special)
+                assert ids == theirs.encode(text, add_special=True, parse_special=special)
+            assert ours.decode(ours.encode(text, parse_special=False)) == text
+        assert ours.eog_token_ids <= theirs.eog_token_ids and theirs.eos_token_id in ours.eog_token_ids
+        assert ours.chat_template == theirs.chat_template
+    finally:
+        llama.close()
+
+
+# ---- through the real engine and scheduler ------------------------------------------
+
+
+async def _run(engine: Engine, model: str, req: GenerateRequest) -> tuple[list[int], list[TokenEvent]]:
+    events = [e async for e in engine.submit(model, req)]
+    return [t for e in events for t in e.token_ids], events
+
+
+def _request(tokens: list[int], priority: float = 1.0, **sampling) -> GenerateRequest:  # type: ignore[no-untyped-def]
+    return GenerateRequest(f"kv{next(_ids)}", tokens, SamplingParams(**sampling), priority=priority)
+
+
+@pytest.mark.slow
+async def test_concurrent_requests_equal_their_run_alone_results(decoder: KvDecoderBackend) -> None:
+    engine = Engine(EngineConfig())
+    engine.add_model("m", decoder)
+    try:
+        prompts = [encode(decoder, p) for p in CONCURRENT_PROMPTS[: decoder.capacity().max_num_seqs * 2]]
+        params = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+        alone = [(await _run(engine, "m", _request(p, **params)))[0] for p in prompts]
+        together = await asyncio.gather(*(_run(engine, "m", _request(p, **params)) for p in prompts))
+        assert [t[0] for t in together] == alone
+        sizes = engine.stats()["m"]["recent_batch_sizes"]
+        assert max(sizes) >= decoder.capacity().max_num_seqs, f"requests were not batched: {sizes}"
+    finally:
+        await engine.remove_model("m", close_backend=False)
+
+
+@pytest.mark.slow
+async def test_seeded_sampling_is_reproducible(decoder: KvDecoderBackend) -> None:
+    engine = Engine(EngineConfig())
+    engine.add_model("m", decoder)
+    try:
+        prompt = encode(decoder, "Once upon a time")
+        params = dict(max_tokens=12, temperature=1.0, top_k=40, top_p=0.95, min_p=0.02, seed=1234, ignore_eos=True)
+        first, second = [(await _run(engine, "m", _request(prompt, **params)))[0] for _ in range(2)]
+        assert first == second
+        others = [(await _run(engine, "m", _request(prompt, **{**params, "seed": s})))[0] for s in (1, 2, 3)]
+        assert any(o != first for o in others)
+    finally:
+        await engine.remove_model("m", close_backend=False)
+
+
+@pytest.mark.slow
+async def test_priority_preempts_and_the_preempted_request_resumes_unchanged(backend_factory: BackendFactory) -> None:
+    """Two slots held by `batch` requests; an `interactive` one preempts one of
+    them, finishes first, and the preempted one resumes (recomputing its KV)
+    with exactly the tokens it would have produced alone."""
+    backend = backend_factory(parallel=2)
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(aging_s=30.0)))
+    engine.add_model("p", backend)
+    try:
+        params = dict(max_tokens=32, temperature=0.0, ignore_eos=True)
+        slow = [encode(backend, p) for p in CONCURRENT_PROMPTS[:2]]
+        alone = [(await _run(engine, "p", _request(p, priority=2.0, **params)))[0] for p in slow]
+        order: list[str] = []
+
+        async def tracked(name: str, req: GenerateRequest) -> list[int]:
+            tokens, _ = await _run(engine, "p", req)
+            order.append(name)
+            return tokens
+
+        batch = [
+            asyncio.create_task(tracked(f"batch{i}", _request(p, priority=2.0, **params))) for i, p in enumerate(slow)
+        ]
+        while sum(engine.stats()["p"]["running"].values()) < 2:
+            await asyncio.sleep(0.01)
+        urgent = _request(encode(backend, "The capital of France is"), priority=0.0, max_tokens=3, temperature=0.0)
+        urgent_tokens = await tracked("urgent", urgent)
+        results = await asyncio.gather(*batch)
+        assert order[0] == "urgent", order
+        assert "Paris" in backend.tokenizer().decode(urgent_tokens)
+        assert engine.stats()["p"]["preemptions"] >= 1
+        assert results == alone
+    finally:
+        await engine.close()
+
+
+@pytest.mark.slow
+async def test_abort_frees_the_slot_at_the_next_step(backend_factory: BackendFactory) -> None:
+    backend = backend_factory(parallel=1)
+    engine = Engine(EngineConfig())
+    engine.add_model("one", backend)
+    try:
+        long_req = _request(encode(backend, "Tell me a story."), max_tokens=400, temperature=0.0, ignore_eos=True)
+        it = aiter(engine.submit("one", long_req))
+        await anext(it)
+        waiter = asyncio.create_task(
+            _run(engine, "one", _request(encode(backend, "Hi"), max_tokens=2, temperature=0.0))
+        )
+        await asyncio.sleep(0.3)
+        assert not waiter.done(), "the only slot is busy"
+        assert engine.abort(long_req.request_id)
+        events = [e async for e in it]
+        assert events[-1].finish_reason is FinishReason.ABORT
+        _, done = await asyncio.wait_for(waiter, timeout=60)
+        assert done[-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    finally:
+        await engine.close()

@@ -1,0 +1,93 @@
+"""The ONNX Runtime backend on SmolLM2 exported from the shipped GGUF (the
+shared decoder tests), its device choice, and the HTTP API on top."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localserve.backends.kv_decoder import describe_io, plan_calls
+from localserve.backends.onnx import OnnxBackend, OnnxConfig, resolve_provider
+from localserve.engine.types import SamplingParams, SeqChunk
+from localserve.errors import DeviceNotFoundError, LocalServeError
+from tests.backends.decoder_contract import *  # noqa: F403 - the shared decoder tests
+from tests.fixtures.export_smollm2 import exported_smollm2  # noqa: F401 - session fixture
+
+CPU_ONLY = ["CPUExecutionProvider"]
+
+
+def open_backend(folder: Path, **overrides) -> OnnxBackend:  # type: ignore[no-untyped-def]
+    config = dict(n_ctx=1024, parallel=4, batch_tokens=256, n_threads=0)
+    return OnnxBackend(OnnxConfig(str(folder), **{**config, **overrides}))
+
+
+@pytest.fixture(scope="module")
+def decoder(exported_smollm2: dict[str, Path]) -> Iterator[OnnxBackend]:  # noqa: F811
+    backend = open_backend(exported_smollm2["onnx"])
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def backend_factory(exported_smollm2: dict[str, Path]):  # type: ignore[no-untyped-def] # noqa: F811
+    return lambda **overrides: open_backend(exported_smollm2["onnx"], **overrides)
+
+
+# ---- no model needed -----------------------------------------------------------------
+
+
+def test_auto_takes_the_best_provider_present() -> None:
+    assert resolve_provider("auto", CPU_ONLY) == "CPUExecutionProvider"
+    assert resolve_provider("auto", ["CUDAExecutionProvider", *CPU_ONLY]) == "CUDAExecutionProvider"
+    assert resolve_provider("AUTO", ["DmlExecutionProvider", *CPU_ONLY]) == "DmlExecutionProvider"
+    assert resolve_provider("directml", ["DmlExecutionProvider", *CPU_ONLY]) == "DmlExecutionProvider"
+
+
+@pytest.mark.parametrize("device", ["cuda", "directml", "gpu"])
+def test_an_absent_device_is_a_clear_error_naming_those_present(device: str) -> None:
+    with pytest.raises(DeviceNotFoundError, match="present: CPU"):
+        resolve_provider(device, ["AzureExecutionProvider", *CPU_ONLY])
+
+
+def test_an_unknown_device_is_refused() -> None:
+    with pytest.raises(DeviceNotFoundError, match="use auto, cpu, cuda or directml"):
+        resolve_provider("tpu", CPU_ONLY)
+
+
+def test_a_graph_without_past_key_values_is_refused() -> None:
+    with pytest.raises(LocalServeError, match="no explicit past_key_values"):
+        describe_io({"input_ids": (["b", "s"], "tensor(int64)")}, ["logits"], "model.onnx")
+    stateful = {"input_ids": (["b", "s"], "i64"), "beam_idx": (["b"], "i32")}
+    with pytest.raises(LocalServeError, match="stateful OpenVINO"):
+        describe_io(stateful, ["logits"], "openvino_model.xml")
+
+
+def test_decode_tokens_share_one_call_and_long_prompts_run_apart() -> None:
+    def c(seq_id: int, n: int) -> SeqChunk:
+        return SeqChunk(seq_id, seq_id, tuple(range(n)), 0, True, SamplingParams())
+
+    calls = plan_calls([c(0, 1), c(1, 300), c(2, 1), c(3, 1), c(4, 12), c(5, 11)])
+    assert [[x.seq_id for x in call] for call in calls] == [[0, 2, 3], [5, 4], [1]]
+
+
+# ---- the real model --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cuda_on_a_cpu_only_onnxruntime_fails_at_load(exported_smollm2: dict[str, Path]) -> None:  # noqa: F811
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    with pytest.raises(DeviceNotFoundError, match="present: CPU"):
+        open_backend(exported_smollm2["onnx"], device="cuda")
+
+
+@pytest.mark.slow
+def test_info_and_capacity(decoder: OnnxBackend) -> None:
+    info, cap = decoder.info(), decoder.capacity()
+    assert (info.backend, info.device, info.architecture) == ("onnx", "CPU", "llama")
+    assert cap.max_num_seqs == 4 and cap.n_ctx == 1024 and cap.kv_tokens == 4 * 1024
+    assert cap.max_num_batched_tokens == 256

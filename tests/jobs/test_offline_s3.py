@@ -1,0 +1,80 @@
+"""`localserve batch run` with the real SmolLM2 model, input and output on an
+S3 API served on loopback by moto (a real HTTP S3 endpoint, in a thread)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from localserve import cli
+
+pytestmark = pytest.mark.slow
+
+MODEL_ID = "smollm2-135m-instruct"
+BUCKET = "jobs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """An S3 endpoint on loopback, with fsspec/s3fs pointed at it."""
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,  # fsspec passes it to s3fs as endpoint_url
+    }.items():
+        monkeypatch.setenv(name, value)
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+    fs.mkdir(BUCKET)
+    try:
+        yield fs
+    finally:
+        server.stop()
+
+
+def test_batch_run_reads_and_writes_s3(s3: object, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("LOCALSERVE_HOME", str(tmp_path))  # the journal goes here
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 6, "temperature": 0},
+        }
+        for i in range(12)
+    ]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL_ID, "messages": []}})
+    s3.pipe(f"{BUCKET}/in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode())  # type: ignore[attr-defined]
+    code = cli.main(
+        ["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl", "--concurrency", "4", "--ctx-size", "512", "--threads", "2"]
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "13/13 requests, 1 failed" in err and "tok/s" in err and "ETA" in err
+    out = [json.loads(line) for line in s3.cat(f"{BUCKET}/out/answers.jsonl").decode().splitlines()]  # type: ignore[attr-defined]
+    assert [o["custom_id"] for o in out] == [f"q{i}" for i in range(12)]
+    for o in out:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and body["object"] == "chat.completion" and body["model"] == MODEL_ID
+        assert 1 <= body["usage"]["completion_tokens"] <= 6
+    errors = [json.loads(line) for line in s3.cat(f"{BUCKET}/out/answers.errors.jsonl").decode().splitlines()]  # type: ignore[attr-defined]
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("bad", 400)]
+    # A second run finds everything answered and loads no model.
+    assert cli.main(["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl"]) == 0
+    assert "12 done before" in capsys.readouterr().err
