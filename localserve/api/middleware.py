@@ -6,6 +6,8 @@
 * pydantic `ValidationError` -> 400 with `param` set to the field's path;
 * aiohttp's HTTP errors (unknown route 404, wrong method 405, body too large
   413, ...) -> the same status in the envelope;
+* a malformed body that aiohttp finds while the handler reads it (multipart
+  part headers, ...) -> 400;
 * anything else -> 500, logged with its traceback; the server goes on.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from localserve.api.state import SETTINGS
@@ -111,6 +114,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if isinstance(exc, web.HTTPMethodNotAllowed):
             response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return response
+    except HttpProcessingError as exc:  # a malformed body read late, e.g. a multipart part's headers
+        return error_response(InvalidRequestError(f"The request body is malformed: {exc.message}"))
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client went away: nobody to answer
     except Exception:

@@ -70,8 +70,8 @@ def register(app: web.Application) -> None:
     app.router.add_post("/api/v1/load", load_model)
     app.router.add_get("/api/v1/loaded", loaded_models)
     for prefix in ("/v1", "/api/v1"):
-        # `.+`: an id with an encoded '/' reaches the handler (and its 400) instead of a 404 from the router.
-        app.router.add_delete(prefix + "/models/{model_id:.+}", delete_model)
+        # Any characters ('/' and newlines too): every bad id reaches the handler and its 400, not the router's 404.
+        app.router.add_delete(prefix + r"/models/{model_id:[\s\S]+}", delete_model)
 
 
 async def _reaper(app: web.Application) -> AsyncIterator[None]:

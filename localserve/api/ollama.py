@@ -28,6 +28,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from localserve.api import ollama_chat
+from localserve.api.infill_prompt import fim_tokens
 from localserve.api.metrics import note_model
 from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
 from localserve.api.ollama_models import (
@@ -40,6 +41,7 @@ from localserve.api.ollama_models import (
     resolve_model,
 )
 from localserve.api.state import MANAGER
+from localserve.backends.base import Tokenizer
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.models.oneshot import EMBEDDINGS
@@ -156,9 +158,13 @@ async def show(request: web.Request) -> web.Response:
     template, parameters = "", ""
     if kind == GENERATE:
         tokenizer = manager.engine.tokenizer(model_id)
-        template = tokenizer.chat_template or ""
-        parameters = f'stop "{tokenizer.eos_token}"' if tokenizer.eos_token else ""
         context_length = manager.engine.capacity(model_id).n_ctx
+        template = _template(tokenizer)
+        # Modelfile-style lines; Continue reads num_ctx and JSON-parses each stop.
+        lines = [f"num_ctx {context_length}"]
+        if tokenizer.eos_token:
+            lines.append(f"stop {json.dumps(tokenizer.eos_token)}")
+        parameters = "\n".join(lines)
     else:
         context_length = info.n_ctx_train
     _, _, modified = await asyncio.to_thread(file_facts, path)
@@ -178,6 +184,19 @@ async def show(request: web.Request) -> web.Response:
             "modified_at": modified,
         }
     )
+
+
+def _template(tokenizer: Tokenizer) -> str:
+    """The model's Jinja chat template; for a model with FIM tokens, led by an
+    Ollama-style `{{ if .Suffix }}` block, the sign Ollama clients (Continue)
+    look for before they send fill-in-the-middle requests."""
+    source = tokenizer.chat_template or ""
+    fim = fim_tokens(tokenizer)
+    if fim is None:
+        return source
+    special = getattr(tokenizer, "special_text", tokenizer.token_text)
+    pre, suf, mid = (special(t) for t in (fim.pre, fim.suf, fim.mid))
+    return f"{{{{- if .Suffix }}}}{pre}{{{{ .Prompt }}}}{suf}{{{{ .Suffix }}}}{mid}{{{{- else }}}}{source}{{{{- end }}}}"
 
 
 # ---- embeddings ----------------------------------------------------------------------

@@ -95,17 +95,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if body.suffix:
             fim = require_fim(tokenizer, model_id, param="suffix")
             return fim_prompt(tokenizer, fim, prefix=body.prompt, suffix=body.suffix, n_ctx=n_ctx, max_tokens=num_predict).token_ids
-        if body.raw:
-            ids = completion_prompt(tokenizer, body.prompt, index=0)
-        else:
-            messages = [{"role": "system", "content": body.system}] if body.system else []
-            messages.append({"role": "user", "content": body.prompt})
-            ids = chat_prompt(request.app[STATE].chat_template(model_id, tokenizer), tokenizer, messages)
-        if body.context:
+        template = request.app[STATE].chat_template(model_id, tokenizer)
+        messages = [{"role": "system", "content": body.system}] if body.system else []
+        messages.append({"role": "user", "content": body.prompt})
+        if body.context:  # the conversation goes on: no second BOS in the middle
             _check_ids(body.context, tokenizer.vocab_size)
-            bos_id = getattr(tokenizer, "bos_token_id", -1)
-            ids = list(body.context) + (ids[1:] if ids and ids[0] == bos_id else ids)
-        return ids
+            text = body.prompt if body.raw else template.render(messages, add_generation_prompt=True)
+            return list(body.context) + tokenizer.encode(text, add_special=False, parse_special=True)
+        if body.raw:
+            return completion_prompt(tokenizer, body.prompt, index=0)
+        return chat_prompt(template, tokenizer, messages)
 
     prompt_ids = await asyncio.to_thread(build)
     grammar = _format_grammar(body.format)

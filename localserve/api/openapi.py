@@ -175,6 +175,7 @@ MEDIA_TYPES: dict[str, tuple[str, ...]] = {
     "localserve.api.audio.translations": SPEECH_TYPES,
     "localserve.api.files.file_content": ("application/octet-stream",),
     "localserve.api.metrics.scrape": ("text/plain",),
+    "localserve.api.models_admin.pull_model": ("application/json", "application/x-ndjson"),
     "localserve.api.ollama.root": ("text/plain",),
     "localserve.api.stats.stream_stats": ("text/event-stream",),
 }
@@ -293,9 +294,9 @@ def _responses(
     typed = RESPONSES.get(name)
     success: dict[str, Any] = {}
     for media_type in MEDIA_TYPES.get(name, ("application/json",)):
-        schema: dict[str, Any] = {"type": "string"} if not media_type.endswith("json") else {"type": "object"}
-        success[media_type] = {"schema": refs[typed] if typed is not None and media_type.endswith("json") else schema}
-    if body is not None and "stream" in body.model_fields:
+        schema: dict[str, Any] = {"type": "object"} if media_type == "application/json" else {"type": "string"}
+        success[media_type] = {"schema": refs[typed] if typed is not None and media_type == "application/json" else schema}
+    if body is not None and "stream" in body.model_fields and name not in MEDIA_TYPES:
         stream_type = "application/x-ndjson" if is_ollama_path(path) else "text/event-stream"
         success[stream_type] = {"schema": {"type": "string"}}
     error = refs[OllamaError if is_ollama_path(path) else ErrorEnvelope]

@@ -112,7 +112,8 @@ def hub_headers() -> dict[str, str]:
     """User agent and `Authorization` (HF_TOKEN, else the saved login) as huggingface_hub sends them."""
     from huggingface_hub.utils import build_hf_headers
 
-    return dict(build_hf_headers(library_name="localserve", library_version=__version__))
+    token = os.environ.get("HF_TOKEN", "").strip() or None  # read now: huggingface_hub reads it at import
+    return dict(build_hf_headers(token=token, library_name="localserve", library_version=__version__))
 
 
 # ---- what to pull --------------------------------------------------------------------
@@ -122,7 +123,7 @@ def plan_pull(ref: str, *, name: str | None = None, catalog: Mapping[str, Catalo
     """A catalog id, or `hf://OWNER/REPO[@REV]/FILE` stored as `name` (default: from the file name)."""
     if ref.startswith("hf://"):
         hub = parse_hub_uri(ref)
-        return PullPlan(validate_model_id(name or default_model_id(hub)), hub)
+        return PullPlan(validate_model_id(default_model_id(hub) if name is None else name), hub)
     model_id = validate_model_id(ref)
     catalog = load_catalog() if catalog is None else catalog
     entry = catalog.get(model_id)
@@ -272,6 +273,8 @@ class HubClient:
             digest.restart(None)
         with partial.open("a+b") as out:
             digest.resume(out, remote.size)
+            if digest.num_bytes:
+                log.info("resuming %s at byte %d", remote.name, digest.num_bytes)
             meter.start(digest.num_bytes)
             _retrying(lambda: self._fetch(remote, out, digest, meter, cancel), remote.name, progress=digest)
         meter.verifying()
@@ -299,7 +302,7 @@ class HubClient:
                     raise PullError(f"{remote.name}: asked for bytes from {offset}, got {start or 'no range'}")
             else:
                 _check_status(response, remote.url)
-            for chunk in response.iter_raw(CHUNK_BYTES):
+            for chunk in response.iter_raw():  # as it arrives: a drop loses nothing already received
                 if cancel is not None and cancel.is_set():
                     raise PullCancelled(remote.name)
                 out.write(chunk)
@@ -374,7 +377,7 @@ class _Digest:
             self.git_sha1 = hashlib.sha1(f"blob {self.remote.size}\0".encode(), usedforsecurity=False)
 
     def resume(self, out: BinaryIO, size: int | None) -> None:
-        """Hash what a previous try left in the `.partial` file."""
+        """Hash what is already in `out` (a `.partial` left by an earlier try, or a finished file)."""
         out.seek(0, os.SEEK_END)
         if size is not None and out.tell() > size:
             self.restart(out)
@@ -382,8 +385,6 @@ class _Digest:
         out.seek(0)
         while chunk := out.read(CHUNK_BYTES):
             self.update(chunk)
-        if self.num_bytes:
-            log.info("resuming %s at byte %d", self.remote.name, self.num_bytes)
 
     def update(self, chunk: bytes) -> None:
         self.num_bytes += len(chunk)

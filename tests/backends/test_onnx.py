@@ -30,9 +30,9 @@ def decoder(exported_smollm2: dict[str, Path]) -> Iterator[OnnxBackend]:  # noqa
     backend.close()
 
 
-@pytest.fixture
-def backend_factory(exported_smollm2: dict[str, Path]):  # type: ignore[no-untyped-def] # noqa: F811
-    return lambda **overrides: open_backend(exported_smollm2["onnx"], **overrides)
+@pytest.fixture(scope="module")
+def decoder_folder(exported_smollm2: dict[str, Path]) -> Path:  # noqa: F811
+    return exported_smollm2["onnx"]
 
 
 # ---- no model needed -----------------------------------------------------------------

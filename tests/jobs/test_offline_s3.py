@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 
 MODEL_ID = "smollm2-135m-instruct"
 BUCKET = "jobs"
+NUM_LINES = 6
 
 
 def free_port() -> int:
@@ -55,26 +56,26 @@ def test_batch_run_reads_and_writes_s3(s3: object, tmp_path, monkeypatch, capsys
             "custom_id": f"q{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 6, "temperature": 0},
+            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 4, "temperature": 0},
         }
-        for i in range(12)
+        for i in range(NUM_LINES)
     ]
     lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL_ID, "messages": []}})
     s3.pipe(f"{BUCKET}/in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode())  # type: ignore[attr-defined]
     code = cli.main(
-        ["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl", "--concurrency", "4", "--ctx-size", "512", "--threads", "2"]
+        ["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl", "--concurrency", "4", "--ctx-size", "256", "--threads", "1"]
     )
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "13/13 requests, 1 failed" in err and "tok/s" in err and "ETA" in err
+    assert f"{NUM_LINES + 1}/{NUM_LINES + 1} requests, 1 failed" in err and "tok/s" in err and "ETA" in err
     out = [json.loads(line) for line in s3.cat(f"{BUCKET}/out/answers.jsonl").decode().splitlines()]  # type: ignore[attr-defined]
-    assert [o["custom_id"] for o in out] == [f"q{i}" for i in range(12)]
+    assert [o["custom_id"] for o in out] == [f"q{i}" for i in range(NUM_LINES)]
     for o in out:
         body = o["response"]["body"]
         assert o["response"]["status_code"] == 200 and body["object"] == "chat.completion" and body["model"] == MODEL_ID
-        assert 1 <= body["usage"]["completion_tokens"] <= 6
+        assert 1 <= body["usage"]["completion_tokens"] <= 4
     errors = [json.loads(line) for line in s3.cat(f"{BUCKET}/out/answers.errors.jsonl").decode().splitlines()]  # type: ignore[attr-defined]
     assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("bad", 400)]
     # A second run finds everything answered and loads no model.
     assert cli.main(["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl"]) == 0
-    assert "12 done before" in capsys.readouterr().err
+    assert f"{NUM_LINES} done before" in capsys.readouterr().err

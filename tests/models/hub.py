@@ -30,6 +30,7 @@ class HubFile:
     data: bytes
     lfs: bool = True
     served_sha256: str | None = None  # lie about the digest (checksum tests)
+    served_git_sha1: str | None = None
 
 
 @dataclass
@@ -41,8 +42,8 @@ class FakeHub:
     auth: list[str | None] = field(default_factory=list)
     port: int = 0
 
-    def add(self, repo: str, name: str, data: bytes, *, lfs: bool = True, served_sha256: str | None = None) -> str:
-        self.files[f"{repo}/{name}"] = HubFile(data, lfs, served_sha256)
+    def add(self, repo: str, name: str, data: bytes, *, lfs: bool = True, **lies: str) -> str:
+        self.files[f"{repo}/{name}"] = HubFile(data, lfs, **lies)
         return f"{repo}/{name}"
 
     @property
@@ -64,7 +65,7 @@ class FakeHub:
             headers |= {"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(hub_file.data)), "ETag": '"abc"'}
             headers["Location"] = f"{self.url}/cdn/{key}"
             return web.Response(status=302, headers=headers)
-        headers |= {"ETag": f'"{git_sha1(hub_file.data)}"'}
+        headers |= {"ETag": f'"{hub_file.served_git_sha1 or git_sha1(hub_file.data)}"'}
         if request.method == "HEAD":
             headers["Content-Length"] = str(len(hub_file.data))
             return web.Response(status=200, headers=headers)
