@@ -72,6 +72,7 @@ SPEECH = [
 @dataclass(slots=True)
 class Cell:
     items_per_s: float
+    cpu_ms_per_item: float  # this process's CPU time: fair even when other processes load the machine
     mean_batch: float
     p50_latency_s: float
     padding_ratio: float
@@ -91,11 +92,17 @@ async def drive(
             await run_one(batcher, job)
             latencies.append(time.monotonic() - started)
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_started
     stats = batcher.stats()
-    return Cell(len(jobs) / elapsed, stats["mean_batch_size"], statistics.median(latencies), stats["padding_ratio"])
+    return Cell(
+        len(jobs) / elapsed,
+        1000 * cpu / len(jobs),
+        stats["mean_batch_size"],
+        statistics.median(latencies),
+        stats["padding_ratio"],
+    )
 
 
 async def measure(backend: OneShotBackend, config: BatcherConfig, jobs: list, run_one, clients: int) -> Cell:  # type: ignore[no-untyped-def,type-arg]
@@ -152,7 +159,8 @@ def throughput_table(name: str, unit: str, backend, jobs, run_one, base: Batcher
         on, off = cells["on"], cells["off"]
         rows.append(
             f"| {name} | {clients} | {off.items_per_s:.1f} | {on.items_per_s:.1f} | {on.items_per_s / off.items_per_s:.2f}x "
-            f"| {on.mean_batch:.1f} | {off.p50_latency_s * 1000:.0f} / {on.p50_latency_s * 1000:.0f} |"
+            f"| {off.cpu_ms_per_item:.0f} / {on.cpu_ms_per_item:.0f} | {on.mean_batch:.1f} "
+            f"| {off.p50_latency_s * 1000:.0f} / {on.p50_latency_s * 1000:.0f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -164,8 +172,8 @@ def padding_row(name: str, backend, jobs, run_one, base: BatcherConfig) -> str: 
     }
     off, on = cells[False], cells[True]
     return (
-        f"| {name} | {off.padding_ratio:.3f} | {on.padding_ratio:.3f} | {off.items_per_s:.1f} | {on.items_per_s:.1f} "
-        f"| {off.mean_batch:.1f} / {on.mean_batch:.1f} |"
+        f"| {name} | {off.padding_ratio:.3f} | {on.padding_ratio:.3f} | {off.items_per_s:.1f} / {on.items_per_s:.1f} "
+        f"| {off.cpu_ms_per_item:.0f} / {on.cpu_ms_per_item:.0f} | {off.mean_batch:.1f} / {on.mean_batch:.1f} |"
     )
 
 
@@ -201,8 +209,9 @@ def main() -> None:
         f"\nembeddings: {len(tokens)} single-text requests per cell, {np.mean([len(t) for t in tokens]):.0f} tokens on average"
     )
     header = [
-        "| backend | clients | off: items/s | on: items/s | speed-up | mean batch (on) | p50 latency ms off / on |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | clients | off: items/s | on: items/s | speed-up | CPU ms/item off / on | mean batch (on) "
+        "| p50 latency ms off / on |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rows = throughput_table("llama.cpp GGUF", "texts", llama, tokens, embed_one, embed_config)
     rows += throughput_table("ONNX Runtime", "texts", onnx, tokens, embed_one, embed_config)
@@ -222,14 +231,19 @@ def main() -> None:
             "faster-whisper tiny.en", "clips", whisper, clips, transcribe_one(whisper), asr_config
         )
         padding.append(
-            padding_row("faster-whisper tiny.en (fixed 30 s windows)", whisper, clips, transcribe_one(whisper), asr_config)
+            padding_row(
+                "faster-whisper tiny.en (fixed 30 s windows)", whisper, clips, transcribe_one(whisper), asr_config
+            )
         )
     print("\n".join(header + rows))
     if asr_rows:
         print(f"\nspeech: {args.clips} transcriptions per cell (espeak-ng clips of 1-12 s); items/s = requests/s")
         print("\n".join(header + asr_rows))
     print("\npadding at 32 clients, batching on: padded slots / real tokens (or audio frames)")
-    print("| backend | padding, grouping off | padding, grouping on | items/s off | items/s on | mean batch off / on |")
+    print(
+        "| backend | padding, grouping off | padding, grouping on | items/s off / on | CPU ms/item off / on "
+        "| mean batch off / on |"
+    )
     print("|---|---|---|---|---|---|")
     print("\n".join(padding))
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")

@@ -105,7 +105,12 @@ async def infill(request: web.Request) -> web.StreamResponse:
     params = _sampling(body, room=n_ctx - len(built.token_ids), max_tokens=max_tokens)
     answer_id = new_id("infill")
     streams = submit_all(
-        engine, model_id, answer_id, [(built.token_ids, params)], priority=parse_priority(body.priority), prompt_param="input_prefix"
+        engine,
+        model_id,
+        answer_id,
+        [(built.token_ids, params)],
+        priority=parse_priority(body.priority),
+        prompt_param="input_prefix",
     )
     run = InfillRun(body, model_id, built.truncated, n_ctx, tokenizer.decode(built.token_ids))
     merged = MergedStreams(streams, observer=latency_observer(request, model_id))
@@ -326,7 +331,9 @@ def _select(result: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-async def _stream(request: web.Request, merged: MergedStreams, run: InfillRun, headers: dict[str, str]) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, merged: MergedStreams, run: InfillRun, headers: dict[str, str]
+) -> web.StreamResponse:
     writer = SseWriter(request, headers)
     try:
         async for _, event in merged:

@@ -155,10 +155,16 @@ class ServerCollector(Collector):
     def _generative(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         m = ["model"]
         prompt = CounterMetricFamily("localserve_prompt_tokens", "Prompt tokens of finished requests", labels=m)
-        generated = CounterMetricFamily("localserve_generation_tokens", "Generated tokens of finished requests", labels=m)
-        cached = CounterMetricFamily("localserve_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache", labels=m)
+        generated = CounterMetricFamily(
+            "localserve_generation_tokens", "Generated tokens of finished requests", labels=m
+        )
+        cached = CounterMetricFamily(
+            "localserve_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache", labels=m
+        )
         preempted = CounterMetricFamily("localserve_preemptions", "Sequences preempted to make room", labels=m)
-        queue = GaugeMetricFamily("localserve_queue_depth", "Requests waiting, by priority class", labels=[*m, "priority"])
+        queue = GaugeMetricFamily(
+            "localserve_queue_depth", "Requests waiting, by priority class", labels=[*m, "priority"]
+        )
         running = GaugeMetricFamily("localserve_running_sequences", "Sequences holding a KV slot", labels=m)
         in_flight = GaugeMetricFamily("localserve_requests_in_flight", "Requests submitted and not finished", labels=m)
         kv_used = GaugeMetricFamily("localserve_kv_cache_used_tokens", "KV cache cells in use", labels=m)
@@ -183,7 +189,9 @@ class ServerCollector(Collector):
         yield from (prompt, generated, cached, preempted, queue, running, in_flight, kv_used, kv_total, batch)
 
     def _load_times(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("localserve_model_load_seconds", "How long loading the model took", labels=["model", "kind"])
+        family = GaugeMetricFamily(
+            "localserve_model_load_seconds", "How long loading the model took", labels=["model", "kind"]
+        )
         for model_id, loaded in list(self.manager.loaded.items()):
             family.add_metric([model_id, "generative"], loaded.load_seconds)
         for model_id, oneshot in list(self.manager.oneshot.items()):
@@ -192,8 +200,12 @@ class ServerCollector(Collector):
 
     def _oneshot(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         labels = ["model", "kind"]
-        padding = GaugeMetricFamily("localserve_oneshot_padding_ratio", "Padding computed per real item size, since start", labels=labels)
-        size = GaugeMetricFamily("localserve_oneshot_mean_batch_size", "Items per backend run, since start", labels=labels)
+        padding = GaugeMetricFamily(
+            "localserve_oneshot_padding_ratio", "Padding computed per real item size, since start", labels=labels
+        )
+        size = GaugeMetricFamily(
+            "localserve_oneshot_mean_batch_size", "Items per backend run, since start", labels=labels
+        )
         queued = GaugeMetricFamily("localserve_oneshot_queue_items", "Items waiting for a batch", labels=labels)
         items = CounterMetricFamily("localserve_oneshot_items", "Items processed", labels=labels)
         batches = CounterMetricFamily("localserve_oneshot_batches", "Backend runs", labels=labels)

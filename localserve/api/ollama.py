@@ -11,17 +11,20 @@ as if it were Ollama.
 Errors on these routes are Ollama's `{"error": "message"}` with the status
 (`ollama_error_middleware`); `/api/v1/...` is this server's own API and keeps
 the OpenAI envelope. Models are never pulled, copied or deleted through this
-API: `/api/pull` and the like answer 404.
+API (`/api/pull` and the like answer 404; this server's `/api/v1/pull`
+does that); chat and embeddings models not loaded are loaded on demand, and
+`keep_alive` works as in Ollama (see `models.lifecycle`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -29,17 +32,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from localserve.api import ollama_chat
 from localserve.api.infill_prompt import fim_tokens
+from localserve.api.leases import LIFECYCLE
 from localserve.api.metrics import note_model
 from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
 from localserve.api.ollama_models import (
     GENERATE,
+    all_models,
     capabilities,
     details,
     file_facts,
-    listed_models,
+    find_model,
+    installed_models,
+    loaded_models,
     model_entry,
-    resolve_model,
+    model_id_of,
 )
+from localserve.api.oneshot import oneshot_model
 from localserve.api.state import MANAGER
 from localserve.backends.base import Tokenizer
 from localserve.engine.types import parse_priority
@@ -52,7 +60,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: The Ollama API level this server answers like (clients check a minimum).
 OLLAMA_VERSION = "0.12.0"
-#: `/api/ps`: models stay loaded until unloaded; Ollama shows a far expiry then.
+#: `/api/ps` for a model in use or kept forever: Ollama shows a far expiry then.
 NEVER_EXPIRES = "2318-01-01T00:00:00Z"
 
 
@@ -114,24 +122,36 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def tags(request: web.Request) -> web.Response:
-    """`GET /api/tags`: the loaded chat and embeddings models."""
-    listed = listed_models(request)
-    models = await asyncio.to_thread(lambda: [model_entry(model_id, path, info) for model_id, _, path, info in listed])
-    return web.json_response({"models": models})
+    """`GET /api/tags`: the chat and embeddings models here, loaded or not."""
+    installed = await asyncio.to_thread(installed_models)
+    models = all_models(request, installed)
+    entries = await asyncio.to_thread(lambda: [model_entry(model) for model in models])
+    return web.json_response({"models": entries})
 
 
 async def running(request: web.Request) -> web.Response:
-    """`GET /api/ps`: the same models, as loaded models."""
+    """`GET /api/ps`: the loaded models, with when they will be unloaded."""
     manager = request.app[MANAGER]
+    lifecycle = request.app.get(LIFECYCLE)
+    expiry = {r["id"]: r["expires_in_s"] for r in lifecycle.describe()} if lifecycle is not None else {}
     out = []
-    for model_id, kind, path, info in listed_models(request):
-        entry = await asyncio.to_thread(model_entry, model_id, path, info)
+    for model in loaded_models(request):
+        assert model.info is not None
+        entry = await asyncio.to_thread(model_entry, model)
         entry.pop("modified_at")
-        entry["expires_at"] = NEVER_EXPIRES
-        entry["size_vram"] = entry["size"] if info.device not in ("CPU", "cpu") else 0
-        entry["context_length"] = manager.engine.capacity(model_id).n_ctx if kind == GENERATE else info.n_ctx_train
+        expires_in = expiry.get(model.model_id)
+        entry["expires_at"] = NEVER_EXPIRES if expires_in is None else _in_seconds(expires_in)
+        entry["size_vram"] = entry["size"] if model.info.device.upper() != "CPU" else 0
+        entry["context_length"] = (
+            manager.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train
+        )
         out.append(entry)
     return web.json_response({"models": out})
+
+
+def _in_seconds(seconds: float) -> str:
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class ShowRequest(BaseModel):
@@ -149,38 +169,37 @@ class ShowRequest(BaseModel):
 async def show(request: web.Request) -> web.Response:
     """`POST /api/show`: details, template, context length, capabilities."""
     body = await parse_body(request, ShowRequest)
-    model_id, kind = resolve_model(request, body.model or body.name)
+    installed = await asyncio.to_thread(installed_models)
+    model = find_model(request, body.model or body.name, installed)
     manager = request.app[MANAGER]
-    entry = next(item for item in listed_models(request) if item[0] == model_id)
-    info, path = entry[3], entry[2]
-    facts = details(info)
-    family = facts["family"]
     template, parameters = "", ""
-    if kind == GENERATE:
-        tokenizer = manager.engine.tokenizer(model_id)
-        context_length = manager.engine.capacity(model_id).n_ctx
-        template = _template(tokenizer)
-        # Modelfile-style lines; Continue reads num_ctx and JSON-parses each stop.
-        lines = [f"num_ctx {context_length}"]
-        if tokenizer.eos_token:
-            lines.append(f"stop {json.dumps(tokenizer.eos_token)}")
-        parameters = "\n".join(lines)
-    else:
-        context_length = info.n_ctx_train
-    _, _, modified = await asyncio.to_thread(file_facts, path)
+    model_info: dict[str, Any] = {}
+    facts = details(model)
+    if model.info is not None:
+        family = facts["family"]
+        model_info = {"general.architecture": family, "general.parameter_count": model.info.num_params}
+        if model.kind == GENERATE:
+            tokenizer = manager.engine.tokenizer(model.model_id)
+            context_length = manager.engine.capacity(model.model_id).n_ctx
+            template = _template(tokenizer)
+            # Modelfile-style lines; Continue reads num_ctx and JSON-parses each stop.
+            lines = [f"num_ctx {context_length}"]
+            if tokenizer.eos_token:
+                lines.append(f"stop {json.dumps(tokenizer.eos_token)}")
+            parameters = "\n".join(lines)
+        else:
+            context_length = model.info.n_ctx_train
+        model_info[f"{family}.context_length"] = context_length
+    _, _, modified = await asyncio.to_thread(file_facts, model.path)
     return web.json_response(
         {
             "license": "",
-            "modelfile": f"# served by localserve\nFROM {path}\n",
+            "modelfile": f"# served by localserve\nFROM {model.path}\n",
             "parameters": parameters,
             "template": template,
             "details": facts,
-            "model_info": {
-                "general.architecture": family,
-                "general.parameter_count": info.num_params,
-                f"{family}.context_length": context_length,
-            },
-            "capabilities": capabilities(request, model_id, kind),
+            "model_info": model_info,
+            "capabilities": capabilities(request, model),
             "modified_at": modified,
         }
     )
@@ -196,7 +215,9 @@ def _template(tokenizer: Tokenizer) -> str:
         return source
     special = getattr(tokenizer, "special_text", tokenizer.token_text)
     pre, suf, mid = (special(t) for t in (fim.pre, fim.suf, fim.mid))
-    return f"{{{{- if .Suffix }}}}{pre}{{{{ .Prompt }}}}{suf}{{{{ .Suffix }}}}{mid}{{{{- else }}}}{source}{{{{- end }}}}"
+    return (
+        f"{{{{- if .Suffix }}}}{pre}{{{{ .Prompt }}}}{suf}{{{{ .Suffix }}}}{mid}{{{{- else }}}}{source}{{{{- end }}}}"
+    )
 
 
 # ---- embeddings ----------------------------------------------------------------------
@@ -214,7 +235,7 @@ class EmbedRequest(BaseModel):
     input: str | list[str] = Field(default_factory=list)
     truncate: bool = True
     dimensions: int | None = Field(default=None, ge=1)
-    keep_alive: str | float | None = None  # models stay loaded; accepted and ignored
+    keep_alive: str | float | None = None  # read by api.leases when the model is acquired
 
 
 class LegacyEmbeddingsRequest(BaseModel):
@@ -245,7 +266,7 @@ async def embeddings(request: web.Request) -> web.Response:
     """`POST /api/embeddings` (Ollama's older route): `{"embedding": [...]}`."""
     body = await parse_body(request, LegacyEmbeddingsRequest)
     if not body.prompt:
-        resolve_model(request, body.model)  # still 404 for an unknown model
+        await oneshot_model(request, model_id_of(request, body.model), EMBEDDINGS)  # 404 for an unknown model
         return web.json_response({"embedding": []})
     vectors, _ = await _embed(request, body.model, [body.prompt], truncate=True, dimensions=None)
     return web.json_response({"embedding": vectors[0].astype(np.float32).tolist()})
@@ -254,16 +275,17 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _embed(
     request: web.Request, name: str, texts: list[str], *, truncate: bool, dimensions: int | None
 ) -> tuple[list[np.ndarray], int]:
-    model_id, kind = resolve_model(request, name)
-    if kind == GENERATE:
-        loaded = [m for m, o in request.app[MANAGER].oneshot.items() if o.kind == EMBEDDINGS]
+    model_id = model_id_of(request, name)
+    manager = request.app[MANAGER]
+    if model_id in manager.loaded:
+        embedders = [m for m, o in manager.oneshot.items() if o.kind == EMBEDDINGS]
         raise InvalidRequestError(
             f'"{name}" is a chat model and does not make embeddings here; use an embeddings model '
-            f"(loaded: {', '.join(loaded) or 'none'})",
+            f"(loaded: {', '.join(embedders) or 'none'})",
             param="model",
         )
+    model = await oneshot_model(request, model_id, EMBEDDINGS)  # loads it if needed
     note_model(request, model_id)
-    model = request.app[MANAGER].oneshot[model_id]
     n_embd = getattr(model.backend, "n_embd", None)
     if dimensions is not None and dimensions != n_embd:
         raise InvalidRequestError(f'"{name}" makes vectors of {n_embd} dimensions only', param="dimensions")

@@ -1,11 +1,14 @@
-"""Loaded models as Ollama describes them (`/api/tags`, `/api/ps`,
-`/api/show`), and Ollama model names resolved to loaded models.
+"""Models as Ollama describes them (`/api/tags`, `/api/ps`, `/api/show`),
+and Ollama model names as this server's model ids.
 
-Names are the server's model ids; `NAME:latest` is accepted for `NAME`, as
-Ollama's clients add the tag. The chat models and the embeddings models are
-listed; speech models have no place in Ollama's API. `digest` is a hash of
-the model file's path, size and modification time, not of its content
-(hashing gigabytes on every listing would be slow).
+Names are model ids; `NAME:latest` is read as `NAME` unless a model is
+loaded under the full name, as Ollama's clients add the tag. `/api/tags`
+lists the chat and embeddings models on this machine, loaded or not (a
+request loads them on demand); `/api/ps` the loaded ones. Speech models have
+no place in Ollama's API. `digest` hashes the model file's path, size and
+modification time, not its content (hashing gigabytes per listing is slow).
+Models not loaded are described from their files: no parameter count or
+quantization until they are loaded.
 """
 
 from __future__ import annotations
@@ -13,58 +16,104 @@ from __future__ import annotations
 import datetime
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from localserve.api.infill_prompt import fim_tokens
-from localserve.api.state import MANAGER, STATE
+from localserve.api.state import MANAGER
 from localserve.backends.base import BackendInfo
-from localserve.errors import ModelLoadingError, ModelNotFoundError
-from localserve.models.oneshot import EMBEDDINGS
+from localserve.errors import ModelNotFoundError
+from localserve.models.oneshot import EMBEDDINGS, gguf_architecture
 
 GENERATE = "generate"
 
 
-def resolve_model(request: web.Request, name: str) -> tuple[str, str]:
-    """(model id, kind: "generate" or "embeddings") of an Ollama model name;
-    404 as Ollama words it, 503 while it may still be loading."""
-    manager = request.app[MANAGER]
-    for candidate in dict.fromkeys((name, name.removesuffix(":latest"))):
-        if candidate in manager.loaded:
-            return candidate, GENERATE
-        oneshot = manager.oneshot.get(candidate)
-        if oneshot is not None and oneshot.kind == EMBEDDINGS:
-            return candidate, EMBEDDINGS
-        if candidate in manager.loading or request.app[STATE].loading:
-            raise ModelLoadingError(f'model "{name}" is not ready yet: models are still loading; retry in a moment')
-    raise ModelNotFoundError(f'model "{name}" not found, try pulling it first', param="model")
+@dataclass(frozen=True, slots=True)
+class OllamaModel:
+    model_id: str
+    kind: str  # GENERATE or EMBEDDINGS
+    path: Path
+    info: BackendInfo | None  # None: not loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self.info is not None
 
 
-def listed_models(request: web.Request) -> list[tuple[str, str, Path, BackendInfo]]:
-    """(id, kind, path, info) of every model Ollama's API shows."""
+def model_id_of(request: web.Request, name: str) -> str:
+    """The model id an Ollama name means."""
     manager = request.app[MANAGER]
-    out = [(model_id, GENERATE, m.spec.path, m.backend.info()) for model_id, m in list(manager.loaded.items())]
+    if name in manager.loaded or name in manager.oneshot:
+        return name
+    return name.removesuffix(":latest")
+
+
+def loaded_models(request: web.Request) -> list[OllamaModel]:
+    manager = request.app[MANAGER]
+    out = [
+        OllamaModel(model_id, GENERATE, m.spec.path, m.backend.info()) for model_id, m in list(manager.loaded.items())
+    ]
     out += [
-        (model_id, EMBEDDINGS, m.spec.path, m.backend.info())
+        OllamaModel(model_id, EMBEDDINGS, m.spec.path, m.backend.info())
         for model_id, m in list(manager.oneshot.items())
         if m.kind == EMBEDDINGS
     ]
     return out
 
 
-def details(info: BackendInfo) -> dict[str, Any]:
-    """Ollama's `details` from llama.cpp's model description ("llama 135M Q4_1")."""
-    parts = info.architecture.split(" ", 2)
-    family = parts[0] if parts and parts[0] else info.backend
-    quantization = re.sub(r" - (\w)\w*", r"_\1", parts[2]) if len(parts) == 3 else ""
+def installed_models() -> list[OllamaModel]:
+    """Chat and embeddings models on this machine (blocking: reads the catalog and the store)."""
+    from localserve.models.models_cli import catalog_rows
+
+    out = []
+    for row in catalog_rows():
+        labels = row["labels"]
+        if not row["installed"] or not row["path"] or ("chat" not in labels and EMBEDDINGS not in labels):
+            continue
+        kind = EMBEDDINGS if EMBEDDINGS in labels else GENERATE
+        out.append(OllamaModel(row["id"], kind, Path(row["path"]), None))
+    return out
+
+
+def all_models(request: web.Request, installed: list[OllamaModel]) -> list[OllamaModel]:
+    """Loaded models first, then the installed ones not loaded."""
+    loaded = loaded_models(request)
+    ids = {m.model_id for m in loaded}
+    return loaded + [m for m in installed if m.model_id not in ids]
+
+
+def find_model(request: web.Request, name: str, installed: list[OllamaModel]) -> OllamaModel:
+    model_id = model_id_of(request, name)
+    for model in all_models(request, installed):
+        if model.model_id == model_id:
+            return model
+    raise ModelNotFoundError(f'model "{name}" not found, try pulling it first', param="model")
+
+
+# ---- descriptions ----------------------------------------------------------------------
+
+
+def details(model: OllamaModel) -> dict[str, Any]:
+    """Ollama's `details`, from llama.cpp's model description ("llama 135M Q4_1")."""
+    if model.info is None:
+        family = (gguf_architecture(model.path) if model.path.is_file() else "") or ""
+        quantization, size = "", ""
+        file_format = "gguf" if model.path.suffix == ".gguf" else "folder"
+    else:
+        parts = model.info.architecture.split(" ", 2)
+        family = parts[0] if parts and parts[0] else model.info.backend
+        quantization = re.sub(r" - (\w)\w*", r"_\1", parts[2]) if len(parts) == 3 else ""
+        size = _parameter_size(model.info.num_params)
+        file_format = "gguf" if model.info.backend == "llamacpp" else model.info.backend
     return {
         "parent_model": "",
-        "format": "gguf" if info.backend == "llamacpp" else info.backend,
+        "format": file_format,
         "family": family,
-        "families": [family],
-        "parameter_size": _parameter_size(info.num_params),
+        "families": [family] if family else [],
+        "parameter_size": size,
         "quantization_level": quantization,
     }
 
@@ -86,18 +135,26 @@ def file_facts(path: Path) -> tuple[int, str, str]:
     return size, hashlib.sha256(key.encode()).hexdigest(), modified
 
 
-def model_entry(model_id: str, path: Path, info: BackendInfo) -> dict[str, Any]:
-    """One model of `/api/tags`."""
-    size, digest, modified = file_facts(path)
-    return {"name": model_id, "model": model_id, "modified_at": modified, "size": size, "digest": digest, "details": details(info)}
+def model_entry(model: OllamaModel) -> dict[str, Any]:
+    """One model of `/api/tags` (blocking: reads file sizes)."""
+    size, digest, modified = file_facts(model.path)
+    return {
+        "name": model.model_id,
+        "model": model.model_id,
+        "modified_at": modified,
+        "size": size,
+        "digest": digest,
+        "details": details(model),
+    }
 
 
-def capabilities(request: web.Request, model_id: str, kind: str) -> list[str]:
+def capabilities(request: web.Request, model: OllamaModel) -> list[str]:
     """What Ollama's `/api/show` lists: completion and tools for chat models
-    (tools work with any model here), insert with FIM tokens, embedding."""
-    if kind == EMBEDDINGS:
+    (tool calling works with any model here), insert with FIM tokens
+    (known once loaded), embedding."""
+    if model.kind == EMBEDDINGS:
         return ["embedding"]
     found = ["completion", "tools"]
-    if fim_tokens(request.app[MANAGER].engine.tokenizer(model_id)) is not None:
+    if model.loaded and fim_tokens(request.app[MANAGER].engine.tokenizer(model.model_id)) is not None:
         found.append("insert")
     return found

@@ -3,6 +3,7 @@ its `options` as the engine's `SamplingParams`, and the NDJSON writer."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -78,8 +79,8 @@ class _OllamaRequest(_Model):
     format: Literal["", "json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     stream: bool = True
-    # Models stay loaded for the server's life (model management is not
-    # built yet), so keep_alive is accepted and has no effect.
+    # How long the model stays loaded once idle; read from the body by
+    # api.leases when the model is acquired (Ollama's semantics).
     keep_alive: str | float | None = None
     think: bool | str | None = None  # no model here thinks; accepted and ignored
 
@@ -308,11 +309,11 @@ async def ollama_stream(
             raise
         if not isinstance(exc, LocalServeError):
             log.exception("error while streaming %s", request.path)
-        message = exc.message if isinstance(exc, LocalServeError) else "the server had an unexpected error while streaming"
-        try:
+        message = (
+            exc.message if isinstance(exc, LocalServeError) else "the server had an unexpected error while streaming"
+        )
+        with contextlib.suppress(ConnectionResetError):
             await writer.send({"error": message})
-        except ConnectionResetError:
-            pass
     finally:
         merged.abort()
     return writer.response

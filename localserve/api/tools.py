@@ -92,7 +92,9 @@ def plan_tools(tools: Sequence[ToolDef] | None, choice: ToolChoice | None, *, pa
     try:
         grammar = _grammar(functions, required=required, parallel=parallel)
     except Exception as exc:  # the converter raises assorted errors (even AssertionError)
-        raise InvalidRequestError(f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools") from None
+        raise InvalidRequestError(
+            f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools"
+        ) from None
     return ToolPlan(objects, required, parallel, grammar)
 
 
@@ -133,7 +135,9 @@ def _native_message(message: dict[str, Any], wants_objects: bool) -> dict[str, A
     converted = []
     for call in calls:
         function = dict(call["function"])
-        function["arguments"] = _arguments_object(function["arguments"]) if wants_objects else _arguments_text(function["arguments"])
+        function["arguments"] = (
+            _arguments_object(function["arguments"]) if wants_objects else _arguments_text(function["arguments"])
+        )
         converted.append({**call, "function": function})
     return {**message, "tool_calls": converted}
 

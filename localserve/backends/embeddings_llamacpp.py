@@ -43,7 +43,7 @@ class LlamaEmbeddingConfig:
     """How to load an embedding GGUF. Zero means "choose for me"."""
 
     model_path: str
-    batch_tokens: int = 4096  # tokens of one llama_decode (also the longest input)
+    batch_tokens: int = 512  # tokens of one llama_decode (also the longest input); attention over them is quadratic
     max_seqs: int = 64  # sequences of one llama_decode
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # auto | cpu | gpu
@@ -85,15 +85,19 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
     def _open_context(self) -> None:
         cfg = self.config
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
-        self.max_seqs = max(1, min(cfg.max_seqs, 256, cfg.batch_tokens))  # llama.cpp asserts n_seq_max <= n_batch
-        # Non-causal models need a whole sequence in one micro-batch: n_ubatch = n_batch.
+        # llama.cpp aborts the process unless n_seq_max <= n_ubatch and
+        # n_ubatch is a multiple of n_seq_max (it reserves n_ubatch / n_seq_max
+        # tokens per sequence); non-causal models also need each sequence
+        # whole in one micro-batch, so n_ubatch = n_batch.
+        self.max_seqs = max(1, min(cfg.max_seqs, 256, cfg.batch_tokens))
+        self.batch_tokens = -(-max(1, cfg.batch_tokens) // self.max_seqs) * self.max_seqs
         threads = cfg.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.pooling_type = POOLING[cfg.pooling]
-        params.n_ctx = cfg.batch_tokens
-        params.n_batch = cfg.batch_tokens
-        params.n_ubatch = cfg.batch_tokens
+        params.n_ctx = self.batch_tokens
+        params.n_batch = self.batch_tokens
+        params.n_ubatch = self.batch_tokens
         params.n_seq_max = self.max_seqs
         params.kv_unified = True
         params.n_threads = threads
@@ -101,7 +105,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
-            raise LocalServeError(f"llama.cpp could not create an embeddings context of {cfg.batch_tokens} tokens")
+            raise LocalServeError(f"llama.cpp could not create an embeddings context of {self.batch_tokens} tokens")
         pooling = llama_cpp.llama_pooling_type(self._ctx)
         if pooling not in _POOLING_NAMES:
             raise InvalidRequestError(
@@ -112,8 +116,8 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         self._encoder_only = bool(llama_cpp.llama_model_has_encoder(self._model)) and not bool(
             llama_cpp.llama_model_has_decoder(self._model)
         )
-        self._batch = llama_cpp.llama_batch_init(cfg.batch_tokens, 0, 1)
-        limit = min(cfg.batch_tokens, self.n_ctx_train) if self.n_ctx_train > 0 else cfg.batch_tokens
+        self._batch = llama_cpp.llama_batch_init(self.batch_tokens, 0, 1)
+        limit = min(self.batch_tokens, self.n_ctx_train) if self.n_ctx_train > 0 else self.batch_tokens
         self.max_input_tokens = int(limit)
 
     # ---- what the API needs ----------------------------------------------------
@@ -163,9 +167,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         while start < len(items):
             end, num_tokens = start, 0
             while (
-                end < len(items)
-                and end - start < self.max_seqs
-                and num_tokens + len(items[end]) <= self.config.batch_tokens
+                end < len(items) and end - start < self.max_seqs and num_tokens + len(items[end]) <= self.batch_tokens
             ):
                 num_tokens += len(items[end])
                 end += 1

@@ -156,11 +156,12 @@ class KvDecoderBackend(GenerativeBackend):
         self._slots = [SlotKv(io) for _ in range(capacity.max_num_seqs)]
         self._samplers: dict[int, NumpySampler] = {}
         self.num_calls = 0  # graph calls so far (for tests and benchmarks)
+        self.max_padding = MAX_PADDING_FACTOR  # see plan_calls; inf: one call per step
 
     @abstractmethod
     def _infer(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Run the graph: logits [batch, tokens, vocab] and the present
-        arrays in `io.present_names` order."""
+        arrays in `io.present_names` order (valid until the next call)."""
 
     # ---- GenerativeBackend ---------------------------------------------------
 
@@ -180,7 +181,7 @@ class KvDecoderBackend(GenerativeBackend):
         self._apply_kv_ops(batch.kv_ops)
         failed = {c.seq_id: GRAMMAR_UNSUPPORTED for c in batch.chunks if c.sample and c.sampling.grammar}
         sampled: dict[int, SampledToken] = {}
-        for call in plan_calls(batch.chunks):
+        for call in plan_calls(batch.chunks, self.max_padding):
             for chunk, logits in zip(call, self._run_call(call), strict=True):
                 if chunk.sample and chunk.seq_id not in failed:
                     sampled[chunk.seq_id] = self._sample(chunk, logits)
@@ -225,8 +226,8 @@ class KvDecoderBackend(GenerativeBackend):
         input_ids = np.zeros((num_rows, num_new), np.int64)
         position_ids = np.zeros((num_rows, num_new), np.int64)
         mask = np.zeros((num_rows, num_past + num_new), np.int64)
-        past_k = np.zeros((io.num_layers, num_rows, io.num_kv_heads, num_past, io.head_dim), io.kv_dtype)
-        past_v = np.zeros_like(past_k)
+        past_k = np.empty((io.num_layers, num_rows, io.num_kv_heads, num_past, io.head_dim), io.kv_dtype)
+        past_v = np.empty_like(past_k)
         for row, (chunk, slot) in enumerate(zip(call, slots, strict=True)):
             n, p = len(chunk.token_ids), slot.num_tokens
             input_ids[row, :n] = chunk.token_ids
@@ -235,6 +236,8 @@ class KvDecoderBackend(GenerativeBackend):
             mask[row, num_past : num_past + n] = 1
             past_k[:, row, :, :p] = slot.keys[:, :, :p]
             past_v[:, row, :, :p] = slot.values[:, :, :p]
+            past_k[:, row, :, p:] = 0  # masked, but 0 * NaN would still be NaN
+            past_v[:, row, :, p:] = 0
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         if io.has_position_ids:
             feeds["position_ids"] = position_ids
@@ -245,7 +248,8 @@ class KvDecoderBackend(GenerativeBackend):
         self.num_calls += 1
         for row, (chunk, slot) in enumerate(zip(call, slots, strict=True)):
             self._append_kv(slot, presents, row, num_past, len(chunk.token_ids))
-        return [logits[row, len(chunk.token_ids) - 1] for row, chunk in enumerate(call)]
+        # Copies: the runtime may reuse its output buffers in the next call.
+        return [logits[row, len(chunk.token_ids) - 1].copy() for row, chunk in enumerate(call)]
 
     def _append_kv(self, slot: SlotKv, presents: list[np.ndarray], row: int, num_past: int, n: int) -> None:
         p = slot.num_tokens

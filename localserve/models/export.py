@@ -80,19 +80,28 @@ def export_model(
         from localserve.models.convert import model_store
 
         store = model_store()
-    targets = {f: store / name / f"{name}-{_digest(source, f, precision)}-{f}-{precision}" for f in formats}
+
+    def target(fmt: str, precision: str) -> Path:
+        return store / name / f"{name}-{_digest(source, fmt, precision)}-{fmt}-{precision}"
+
+    targets = {f: target(f, precision) for f in formats}
     todo = [f for f, t in targets.items() if force or not (t / ".complete").is_file()]
     if not todo:
         return targets
-    stages = ["tokenizer", "weights", "onnx", *(["openvino"] if "openvino" in todo else [])]
+    cached_onnx = target("onnx", "fp32")  # OpenVINO converts from the ONNX graph: reuse a cached one
+    reuse_onnx = todo == ["openvino"] and not force and (cached_onnx / ".complete").is_file()
+    stages = (
+        ["openvino"] if reuse_onnx else ["tokenizer", "weights", "onnx", *(["openvino"] if "openvino" in todo else [])]
+    )
     report = _Stages(stages, progress)
     store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-export-", dir=store) as tmp:
         work = Path(tmp)
-        hf_dir = _hf_folder(source, work / "hf", report)
-        report("onnx")
-        onnx_dir = work / "onnx"
-        _export_onnx(hf_dir, onnx_dir)
+        onnx_dir = cached_onnx if reuse_onnx else work / "onnx"
+        if not reuse_onnx:
+            hf_dir = _hf_folder(source, work / "hf", report)
+            report("onnx")
+            _export_onnx(hf_dir, onnx_dir)
         if "openvino" in todo:
             report("openvino")
             _export_openvino(onnx_dir, work / "openvino", precision)

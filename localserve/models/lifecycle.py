@@ -43,7 +43,7 @@ from localserve.models.policy import (
     parse_keep_alive,
     parse_max_loaded_models,
 )
-from localserve.models.registry import ModelManager, ModelSpec, resolve
+from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec, resolve
 from localserve.models.store import validate_model_id
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,9 @@ class ModelLifecycle:
             self.sync()
             record = self.records.get(model_id)
             if record is None:
-                spec = self.known_specs.get(model_id) or await asyncio.to_thread(self._spec, model_id)
+                spec = self.known_specs.get(model_id)
+                if spec is None:
+                    spec = await asyncio.to_thread(self._spec, model_id)
                 _check_kind(model_id, kind_of(spec.labels), kind)
                 record = self.records.get(model_id)  # another request may have started it meanwhile
                 if record is None:
@@ -258,7 +260,7 @@ class ModelLifecycle:
     def sync(self) -> None:
         """Adopt models loaded behind our back (the start-up loader) and drop
         the ones unloaded behind it (`POST /api/v1/unload`)."""
-        loaded = {**self.manager.oneshot, **self.manager.loaded}
+        loaded: dict[str, LoadedModel | LoadedOneShot] = {**self.manager.oneshot, **self.manager.loaded}
         for model_id, model in loaded.items():
             if model_id not in self.records:
                 spec = model.spec
@@ -298,7 +300,6 @@ class ModelLifecycle:
                     "in_use": not idle and record.state == LOADED,
                     "keep_alive": format_keep_alive(record.keep_alive_s),
                     "expires_in_s": None if expires_in is None or expires_in == FOREVER else max(0.0, expires_in),
-                    "path": str(record.spec.path),
                 }
             )
         return out
@@ -310,6 +311,10 @@ class ModelLifecycle:
             self._reaper = asyncio.create_task(self._reap_forever(), name="localserve-model-reaper")
 
     async def stop(self) -> None:
+        """Stop the reaper and abandon loads still waiting (server shutdown)."""
+        for record in list(self.records.values()):
+            if record.state in (PENDING, LOADING) and record.task is not None:
+                record.task.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

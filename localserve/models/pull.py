@@ -132,11 +132,11 @@ def plan_pull(ref: str, *, name: str | None = None, catalog: Mapping[str, Catalo
             f"unknown model {model_id!r}: pull a catalog id (see `localserve list`) or hf://OWNER/REPO/FILE",
             param="model",
         )
-    hub = entry.hub_source()
-    if hub is None:
+    source = entry.hub_source()
+    if source is None:
         hints = "; ".join(s.install for s in entry.sources if s.install) or "it has no hub source"
         raise InvalidRequestError(f"model {model_id!r} is not on a model hub: {hints}", param="model")
-    return PullPlan(model_id, hub, entry.labels)
+    return PullPlan(model_id, source, entry.labels)
 
 
 def default_model_id(hub: HubSource) -> str:

@@ -169,8 +169,10 @@ class ModelStore:
         return self.file_path(model_id, manifest.main) if manifest.main else self.model_dir(model_id)
 
     def write_manifest(self, manifest: Manifest) -> Path:
-        target = self.model_dir(manifest.model_id) / MANIFEST
-        return write_atomically(target, lambda tmp: tmp.write_text(manifest.to_json(), encoding="utf-8"))
+        def write(tmp: Path) -> None:
+            tmp.write_text(manifest.to_json(), encoding="utf-8")
+
+        return write_atomically(self.model_dir(manifest.model_id) / MANIFEST, write)
 
     def model_ids(self) -> list[str]:
         """Ids of every complete download."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -74,7 +73,9 @@ def fim_http(fim_server: ServerThread) -> Iterator[httpx.Client]:
 
 def ids_of(server: ServerThread) -> dict[str, int]:
     tokenizer = server.call(lambda: server.engine.tokenizer(FIM_MODEL))
-    return {name: tokenizer.encode(text, add_special=False, parse_special=True)[0] for name, text in FIM_SPECIALS.items()}
+    return {
+        name: tokenizer.encode(text, add_special=False, parse_special=True)[0] for name, text in FIM_SPECIALS.items()
+    }
 
 
 # ---- the prompt -------------------------------------------------------------------------------
@@ -85,13 +86,22 @@ def test_fim_prompt_layout(fim_server: ServerThread) -> None:
     fim = fim_tokens(tokenizer)
     assert fim is not None
     special = ids_of(fim_server)
-    assert (fim.pre, fim.suf, fim.mid, fim.rep, fim.sep) == tuple(special[k] for k in ("pre", "suf", "mid", "rep", "sep"))
+    assert (fim.pre, fim.suf, fim.mid, fim.rep, fim.sep) == tuple(
+        special[k] for k in ("pre", "suf", "mid", "rep", "sep")
+    )
 
     def text(s: str) -> list[int]:
         return tokenizer.encode(s, add_special=False, parse_special=False)
 
     built = fim_prompt(
-        tokenizer, fim, prefix="def f(", suffix=")\n", prompt="x", extra=[ExtraChunk("a.py", "y = 2")], n_ctx=1024, max_tokens=16
+        tokenizer,
+        fim,
+        prefix="def f(",
+        suffix=")\n",
+        prompt="x",
+        extra=[ExtraChunk("a.py", "y = 2")],
+        n_ctx=1024,
+        max_tokens=16,
     )
     expected = [
         fim.rep, *text("myproject\n"),
@@ -110,7 +120,13 @@ def test_fim_prompt_truncates_to_fit(fim_server: ServerThread) -> None:
     fim = fim_tokens(tokenizer)
     assert fim is not None
     built = fim_prompt(
-        tokenizer, fim, prefix="a = 1\n" * 400, suffix="b = 2\n" * 400, extra=[ExtraChunk("x", "c\n" * 300)], n_ctx=512, max_tokens=64
+        tokenizer,
+        fim,
+        prefix="a = 1\n" * 400,
+        suffix="b = 2\n" * 400,
+        extra=[ExtraChunk("x", "c\n" * 300)],
+        n_ctx=512,
+        max_tokens=64,
     )
     assert built.truncated
     assert len(built.token_ids) <= 512 - 64
@@ -150,7 +166,9 @@ def test_time_limit_needs_a_new_line_first() -> None:
 
 
 def test_stop_types_and_response_fields() -> None:
-    body = InfillRequest.model_validate({"input_prefix": "", "input_suffix": "", "response_fields": ["content", "timings/predicted_n"]})
+    body = InfillRequest.model_validate(
+        {"input_prefix": "", "input_suffix": "", "response_fields": ["content", "timings/predicted_n"]}
+    )
     eos = InfillRun(body, "m", False, 1024, "")
     eos.add(_event("x"))
     eos.add(_event("", token_id=-1, finish=FinishReason.STOP))
@@ -165,7 +183,16 @@ def test_llama_vim_request(fim_http: httpx.Client) -> None:
     response = fim_http.post("/infill", json=LLAMA_VIM_FIM)
     assert response.status_code == 200, response.text
     result = response.json()
-    for key in ("content", "tokens_predicted", "tokens_evaluated", "stop", "stop_type", "truncated", "timings", "tokens_cached"):
+    for key in (
+        "content",
+        "tokens_predicted",
+        "tokens_evaluated",
+        "stop",
+        "stop_type",
+        "truncated",
+        "timings",
+        "tokens_cached",
+    ):
         assert key in result, key
     assert result["stop"] is True and isinstance(result["content"], str)
     assert 1 <= result["tokens_predicted"] <= 128
@@ -193,7 +220,14 @@ def test_stream_matches_whole(fim_http: httpx.Client) -> None:
 
 
 def test_return_tokens_and_seed(fim_http: httpx.Client) -> None:
-    body = {"input_prefix": "x = ", "input_suffix": "", "n_predict": 6, "seed": 5, "return_tokens": True, "ignore_eos": True}
+    body = {
+        "input_prefix": "x = ",
+        "input_suffix": "",
+        "n_predict": 6,
+        "seed": 5,
+        "return_tokens": True,
+        "ignore_eos": True,
+    }
     first, second = (fim_http.post("/infill", json=body).json() for _ in range(2))
     assert first["tokens"] == second["tokens"] and len(first["tokens"]) == 6
     assert first["stop_type"] == "limit"
@@ -221,7 +255,13 @@ def test_invalid_infill(fim_http: httpx.Client, body: dict, param: str) -> None:
 
 
 def test_completions_with_suffix(fim_http: httpx.Client) -> None:
-    body = {"model": FIM_MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 5, "temperature": 0}
+    body = {
+        "model": FIM_MODEL,
+        "prompt": "def add(a, b):\n    return ",
+        "suffix": "\n",
+        "max_tokens": 5,
+        "temperature": 0,
+    }
     reply = fim_http.post("/v1/completions", json=body)
     assert reply.status_code == 200, reply.text
     choice = reply.json()["choices"][0]

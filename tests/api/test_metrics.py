@@ -59,7 +59,10 @@ def test_counters_move_after_requests(http: httpx.Client, client: openai.OpenAI)
     chat = {"model": MODEL_ID, "endpoint": "/v1/chat/completions", "status": "200"}
     assert value(after, "localserve_requests_total", **chat) == value(before, "localserve_requests_total", **chat) + 1
     missing = {"model": "", "endpoint": "unmatched", "status": "404"}
-    assert value(after, "localserve_requests_total", **missing) == value(before, "localserve_requests_total", **missing) + 1
+    assert (
+        value(after, "localserve_requests_total", **missing)
+        == value(before, "localserve_requests_total", **missing) + 1
+    )
 
     def grew(name: str, by: float) -> None:
         assert value(after, name, model=MODEL_ID) >= value(before, name, model=MODEL_ID) + by, name

@@ -20,7 +20,14 @@ from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 EMBED_MODEL = "all-minilm-l6-v2"
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 GREEDY = {"temperature": 0, "num_predict": 16}
-TIMINGS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration")
+TIMINGS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +76,12 @@ def test_list_ps_show(ol: ollama.Client) -> None:
 def test_errors_are_ollama_shaped(server: ServerThread, http: httpx.Client, ol: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         ol.chat(model="no-such-model", messages=QUESTION)
-    assert caught.value.status_code == 404 and "not found" in caught.value.error
+    assert caught.value.status_code == 404 and "no-such-model" in caught.value.error
     missing_key = httpx.get(f"{server.base_url}/api/tags")
     assert missing_key.status_code == 401 and isinstance(missing_key.json()["error"], str)
-    bad = http.post("/api/chat", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})
+    bad = http.post(
+        "/api/chat", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}
+    )
     assert bad.status_code == 400 and "images" in bad.json()["error"]
     assert http.post("/api/pull", json={"model": "x"}).status_code == 404
     # /api/v1 is this server's own API: the OpenAI envelope stays.
@@ -107,13 +116,18 @@ def test_generate_with_system_and_context(ol: ollama.Client) -> None:
     assert len(first.context) == first.prompt_eval_count + first.eval_count
     follow = ol.generate(model=MODEL_ID, prompt="And another one?", context=first.context, options=GREEDY)
     assert follow.prompt_eval_count > len(first.context)
-    raw = ol.generate(model=MODEL_ID, prompt="The capital of France is", raw=True, options={"temperature": 0, "num_predict": 3})
+    raw = ol.generate(
+        model=MODEL_ID, prompt="The capital of France is", raw=True, options={"temperature": 0, "num_predict": 3}
+    )
     assert raw.context is None and raw.eval_count <= 3
 
 
 @pytest.mark.slow
 def test_raw_ndjson_stream_is_the_default(http: httpx.Client) -> None:
-    response = http.post("/api/generate", json={"model": MODEL_ID, "prompt": "Count: one, two,", "options": {"temperature": 0, "num_predict": 6}})
+    response = http.post(
+        "/api/generate",
+        json={"model": MODEL_ID, "prompt": "Count: one, two,", "options": {"temperature": 0, "num_predict": 6}},
+    )
     lines = ndjson(response)
     assert len(lines) >= 2 and all(line["model"] == MODEL_ID for line in lines)
     assert all(line["done"] is False and "response" in line for line in lines[:-1])
@@ -147,7 +161,11 @@ def test_format_json_and_schema(ol: ollama.Client) -> None:
         "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
         "required": ["name", "age"],
     }
-    typed = json.loads(ol.chat(model=MODEL_ID, messages=asked, format=schema, options={"temperature": 0, "num_predict": 60}).message.content)
+    typed = json.loads(
+        ol.chat(
+            model=MODEL_ID, messages=asked, format=schema, options={"temperature": 0, "num_predict": 60}
+        ).message.content
+    )
     assert isinstance(typed["name"], str) and isinstance(typed["age"], int)
 
 
@@ -293,8 +311,7 @@ def test_embed_with_the_client(embed_server: ServerThread) -> None:
     np.testing.assert_allclose(single.embeddings[0], food, atol=1e-5)
     legacy = ol.embeddings(model=EMBED_MODEL, prompt=texts[0])
     np.testing.assert_allclose(legacy.embedding, food, atol=1e-5)
-    listed = {m.model for m in ol.list().models}
-    assert listed == {EMBED_MODEL}
+    assert EMBED_MODEL in {m.model for m in ol.list().models}
     assert ol.show(EMBED_MODEL).capabilities == ["embedding"]
     long_text = "word " * 2000  # over the model's 512 tokens: truncated by default, as Ollama does
     assert len(ol.embed(model=EMBED_MODEL, input=long_text).embeddings[0]) == 384
@@ -309,7 +326,13 @@ def test_embed_with_the_client(embed_server: ServerThread) -> None:
 @pytest.mark.slow
 def test_open_webui_embed_payload_and_batcher_metrics(embed_server: ServerThread) -> None:
     with httpx.Client(base_url=embed_server.base_url, timeout=120) as http:
-        body = {"model": EMBED_MODEL, "input": ["one", "two"], "prompt": "one\ntwo", "truncate": True, "keep_alive": "5m"}
+        body = {
+            "model": EMBED_MODEL,
+            "input": ["one", "two"],
+            "prompt": "one\ntwo",
+            "truncate": True,
+            "keep_alive": "5m",
+        }
         answer = http.post("/api/embed", json=body).json()
         assert len(answer["embeddings"]) == 2 and answer["model"] == EMBED_MODEL
         metrics = http.get("/metrics").text

@@ -157,9 +157,17 @@ def test_fallback_prompt_for_a_template_without_tools(server: ServerThread) -> N
     assert not renders_tools(template)  # SmolLM2's template does not mention tools
     history = [
         *ASK,
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
         {"role": "tool", "tool_call_id": "call_2", "content": "no rain"},
     ]
@@ -180,9 +188,15 @@ def test_native_template_gets_tools_and_object_arguments() -> None:
     )
     template = ChatTemplate(source)
     assert renders_tools(template)
-    history = [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-    ]}]
+    history = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+            ],
+        }
+    ]
     messages, tools = prompt_messages(history, _plan(), template)
     text = ToolTemplate(template, tools).render(messages)
     assert '<tool_call>{"a": 1, "b": 2}</tool_call>' in text and "TOOLS=2" in text
@@ -248,8 +262,14 @@ def test_streamed_tool_calls_equal_whole(client: openai.OpenAI) -> None:
 @pytest.mark.slow
 def test_parallel_off_gives_one_call(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
-        model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-        temperature=0.8, seed=3, max_tokens=120,
+        model=MODEL_ID,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0.8,
+        seed=3,
+        max_tokens=120,
     )
     assert len(reply.choices[0].message.tool_calls) == 1
     check_calls(reply.choices[0].message.tool_calls, TOOLS)
@@ -281,9 +301,17 @@ def test_none_means_plain_text(client: openai.OpenAI) -> None:
 def test_history_with_tool_results(client: openai.OpenAI) -> None:
     messages = [
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18, "sky": "sunny"}'},
     ]
     reply = client.chat.completions.create(

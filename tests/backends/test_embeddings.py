@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -243,12 +242,20 @@ def test_inputs_the_model_cannot_embed_are_400s(backend: LlamaEmbeddingBackend) 
     assert backend.check([101, 102], "input") == (101, 102)
 
 
-def test_cpu_threads_setting_is_respected(gguf_path: Path) -> None:
-    assert os.cpu_count()  # the default uses every core; an explicit count loads too
-    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=1, batch_tokens=64, max_seqs=128))
+@pytest.mark.parametrize(
+    ("batch_tokens", "max_seqs", "expected"), [(64, 128, (64, 64)), (100, 8, (104, 8)), (160, 64, (192, 64))]
+)
+def test_context_sizes_llama_cpp_would_abort_on_are_rounded(
+    gguf_path: Path, batch_tokens: int, max_seqs: int, expected: tuple[int, int]
+) -> None:
+    # llama.cpp kills the process (GGML_ASSERT) unless n_seq_max <= n_ubatch
+    # and n_ubatch is a multiple of n_seq_max.
+    b = LlamaEmbeddingBackend(
+        LlamaEmbeddingConfig(str(gguf_path), n_threads=1, batch_tokens=batch_tokens, max_seqs=max_seqs)
+    )
     try:
-        assert b.max_seqs == 64  # llama.cpp needs n_seq_max <= n_batch
-        assert b.max_input_tokens == 64
+        assert (b.batch_tokens, b.max_seqs) == expected
+        assert b.max_input_tokens == expected[0]
         vectors = b.run([b.tokenize(t) for t in sentences(10)])  # split over several forward passes
         assert len(vectors) == 10
     finally:
