@@ -152,7 +152,7 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
         raise InvalidRequestError("The request body is empty; send a JSON object.")
     try:
         data: Any = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
         raise InvalidRequestError(
             f"We could not parse the JSON body of your request ({exc}). Send valid JSON with Content-Type: application/json."
         ) from None

@@ -15,6 +15,7 @@ import numpy as np
 import ollama
 import pytest
 
+from localserve.api.ollama_wire import OllamaOptions, ollama_sampling
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 EMBED_MODEL = "all-minilm-l6-v2"
@@ -93,6 +94,20 @@ def test_embed_on_a_chat_model_is_a_clear_400(ol: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         ol.embed(model=MODEL_ID, input="hello")
     assert caught.value.status_code == 400 and "chat model" in caught.value.error
+
+
+def test_options_map_to_sampling() -> None:
+    defaults = ollama_sampling(None, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.repeat_penalty) == (0.8, 40, 0.9, 1.1)
+    assert defaults.max_tokens == 1948 and defaults.seed is None
+    options = OllamaOptions.model_validate(
+        {"num_ctx": 512, "num_predict": -1, "seed": -1, "stop": "END", "repeat_last_n": -1, "mirostat": 2}
+    )
+    capped = ollama_sampling(options, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    assert capped.max_tokens == 412 and capped.penalty_last_n == 512 and capped.stop == ("END",)
+    too_small = OllamaOptions.model_validate({"num_ctx": 50, "num_predict": 10, "seed": 3})
+    kept = ollama_sampling(too_small, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    assert kept.max_tokens == 10 and kept.seed == 3  # a num_ctx under the prompt is not honoured
 
 
 # ---- chat and generate ------------------------------------------------------------------------
@@ -181,8 +196,8 @@ def test_tools_through_ollama(ol: ollama.Client) -> None:
 
     replies = [
         ol.chat(model=MODEL_ID, messages=[{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
-                tools=[get_weather], options={"temperature": 0.8, "seed": seed, "num_predict": 80})
-        for seed in range(3)
+                tools=[get_weather], options={"temperature": 0.8, "seed": seed, "num_predict": 60})
+        for seed in range(2)
     ]  # fmt: skip
     for reply in replies:
         for call in reply.message.tool_calls or []:

@@ -24,9 +24,21 @@ import httpx
 import pytest
 
 from localserve.api.debug import ENABLE_ENV
-from tests.api.harness import MODEL_ID, ServerThread, make_settings
+from localserve.errors import ModelNotFoundError
+from localserve.models.registry import resolve
+from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 REPO = Path(__file__).resolve().parents[2]
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+SPEECH_MODEL = "whisper-tiny.en"
+
+
+def installed(model_id: str) -> bool:
+    try:
+        resolve(model_id)
+    except ModelNotFoundError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -102,6 +114,18 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+@pytest.fixture(scope="session")
+def fuzz_server() -> Iterator[ServerThread]:
+    """For schemathesis and the fuzz tests: a small context (256 tokens) bounds
+    any generation; the embeddings and speech models join when installed."""
+    models = [MODEL_ID] + [m for m in (EMBEDDING_MODEL, SPEECH_MODEL) if installed(m)]
+    srv = start_server_thread(models=models, api_key=API_KEY, parallel=4, ctx_size=256, kv_size=1024, batch_tokens=256)
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,9 @@ import pytest
 from localserve.api.embeddings import EmbeddingRequest
 from localserve.api.openapi import REF_TEMPLATE, app_routes, build_document
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
-from localserve.errors import ModelNotFoundError
-from localserve.models.registry import resolve
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
-from tests.reliability.conftest import start_server_thread
+from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 
-EMBEDDING_MODEL = "all-minilm-l6-v2"
-SPEECH_MODEL = "whisper-tiny.en"
 #: Generation in the schemathesis run: this many new tokens at most.
 MAX_NEW_TOKENS = 12
 #: Left out of the schemathesis run: what changes the server's models (unload,
@@ -122,14 +117,6 @@ def test_the_fault_route_is_off_by_default(server: ServerThread) -> None:
 # ---- schemathesis -----------------------------------------------------------------------
 
 
-def _installed(model_id: str) -> bool:
-    try:
-        resolve(model_id)
-    except ModelNotFoundError:
-        return False
-    return True
-
-
 def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, speech: str | None) -> dict[str, Any]:
     """The document with generation bounded for a CI run: every request
     names a loaded model of its kind and asks for at most MAX_NEW_TOKENS
@@ -160,18 +147,6 @@ def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, 
             form = doc["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
             form["properties"]["model"] = {"type": "string", "enum": [speech]}
     return doc
-
-
-@pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[ServerThread]:
-    """A small context (256 tokens) bounds any generation; the embeddings and
-    speech models join when they are installed."""
-    models = [MODEL_ID] + [m for m in (EMBEDDING_MODEL, SPEECH_MODEL) if _installed(m)]
-    srv = start_server_thread(models=models, api_key=API_KEY, parallel=4, ctx_size=256, kv_size=1024, batch_tokens=256)
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.mark.slow
