@@ -108,7 +108,9 @@ async def _drain(app: web.Application) -> None:
         await runner.stop()
     num_ended = await app[MANAGER].engine.drain(app[SETTINGS].shutdown_timeout_s)
     if num_ended:
-        log.warning("shutdown: ended %d requests still running after %.0f s", num_ended, app[SETTINGS].shutdown_timeout_s)
+        log.warning(
+            "shutdown: ended %d requests still running after %.0f s", num_ended, app[SETTINGS].shutdown_timeout_s
+        )
 
 
 async def _load_models(app: web.Application) -> None:

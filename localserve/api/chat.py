@@ -79,7 +79,12 @@ class ChatChunkFormat:
             if d.content:
                 out.append({"content": d.content})
             elif d.name:
-                call = {"index": d.index, "id": d.call_id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+                call = {
+                    "index": d.index,
+                    "id": d.call_id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": ""},
+                }
                 out.append({"tool_calls": [call]})
             elif d.arguments:
                 out.append({"tool_calls": [{"index": d.index, "function": {"arguments": d.arguments}}]})

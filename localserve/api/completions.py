@@ -146,7 +146,9 @@ async def _fim_prompts(body: CompletionRequest, tokenizer: Tokenizer, model_id: 
         out = []
         for index, prompt in enumerate(body.prompts):
             prefix = prompt if isinstance(prompt, str) else completion_prompt(tokenizer, prompt, index=index)
-            out.append(fim_prompt(tokenizer, fim, prefix=prefix, suffix=suffix, n_ctx=n_ctx, max_tokens=max_tokens).token_ids)
+            out.append(
+                fim_prompt(tokenizer, fim, prefix=prefix, suffix=suffix, n_ctx=n_ctx, max_tokens=max_tokens).token_ids
+            )
         return out
 
     return await asyncio.to_thread(build)

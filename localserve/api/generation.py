@@ -12,7 +12,6 @@ from localserve.engine.engine import Engine, RequestStream
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
 from localserve.errors import BackendError, ContextLengthError
 
-
 #: Told the latency of every token an answer receives: `("ttft", seconds)`
 #: from submission to a request's first token, `("itl", seconds)` between
 #: its later ones (the Prometheus histograms of `api.metrics`).

@@ -42,6 +42,9 @@ from localserve.errors import BackendError, LocalServeError, ModelNotFoundError
 log = logging.getLogger(__name__)
 
 
+INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
+
+
 class InfillExtra(BaseModel):
     model_config = ConfigDict(extra="ignore")
     text: str
@@ -56,18 +59,18 @@ class InfillRequest(BaseModel):
     input_extra: list[InfillExtra] = Field(default_factory=list)
     prompt: str = ""
     model: str | None = None
-    n_predict: int = -1  # < 1: until the context is full
+    n_predict: int = Field(default=-1, le=INT32_MAX)  # < 1: until the context is full
     t_max_predict_ms: int = 0  # <= 0: no limit
     n_indent: int = Field(default=0, ge=0)
     # llama.cpp server's defaults
     temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    top_k: int = Field(default=40, ge=0)
+    top_k: int = Field(default=40, ge=0, le=INT32_MAX)
     top_p: float = Field(default=0.95, ge=0.0, le=1.0)
     min_p: float = Field(default=0.05, ge=0.0, le=1.0)
     seed: int | None = None  # -1 or none: random
     stop: list[str] = Field(default_factory=list, max_length=16)
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    repeat_last_n: int = Field(default=64, ge=0)
+    repeat_last_n: int = Field(default=64, ge=0, le=INT32_MAX)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     ignore_eos: bool = False

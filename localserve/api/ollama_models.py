@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from localserve.api.state import MANAGER
 from localserve.backends.base import BackendInfo
 from localserve.errors import ModelNotFoundError
 from localserve.models.oneshot import EMBEDDINGS, gguf_architecture
+
+log = logging.getLogger(__name__)
 
 GENERATE = "generate"
 
@@ -68,8 +71,13 @@ def installed_models() -> list[OllamaModel]:
     """Chat and embeddings models on this machine (blocking: reads the catalog and the store)."""
     from localserve.models.models_cli import catalog_rows
 
+    try:
+        rows = catalog_rows()
+    except Exception:  # a broken user catalog must not take the listing down
+        log.exception("could not list the installed models")
+        return []
     out = []
-    for row in catalog_rows():
+    for row in rows:
         labels = row["labels"]
         if not row["installed"] or not row["path"] or ("chat" not in labels and EMBEDDINGS not in labels):
             continue

@@ -23,6 +23,7 @@ from localserve.errors import BackendError, LocalServeError
 log = logging.getLogger(__name__)
 
 NO_IMAGES = "images are not supported: no model loaded here has vision; send text only"
+INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
 
 
 class _Model(BaseModel):
@@ -32,16 +33,16 @@ class _Model(BaseModel):
 class OllamaOptions(_Model):
     """The `options` this server honours; the rest (num_gpu, mirostat, ...) are ignored."""
 
-    num_ctx: int | None = Field(default=None, ge=1)
-    num_predict: int | None = None  # -1: no limit, -2: fill the context
+    num_ctx: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    num_predict: int | None = Field(default=None, le=INT32_MAX)  # -1: no limit, -2: fill the context
     temperature: float | None = Field(default=None, ge=0.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] | None = Field(default=None, max_length=MAX_STOP)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
+    repeat_last_n: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 

@@ -275,13 +275,18 @@ def _operation(
     parameters = [
         {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in re.findall(r"{(\w+)", path)
     ]
-    parameters += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}} for q in query_names(handler)]
+    parameters += [
+        {"name": q, "in": "query", "required": False, "schema": {"type": "string"}} for q in query_names(handler)
+    ]
     if parameters:
         operation["parameters"] = parameters
     if body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[body]}}}
     elif name in MULTIPART_FORMS:
-        operation["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": MULTIPART_FORMS[name]}}}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": MULTIPART_FORMS[name]}},
+        }
     if path in PUBLIC_PATHS:
         operation["security"] = []
     return operation
@@ -295,7 +300,9 @@ def _responses(
     success: dict[str, Any] = {}
     for media_type in MEDIA_TYPES.get(name, ("application/json",)):
         schema: dict[str, Any] = {"type": "object"} if media_type == "application/json" else {"type": "string"}
-        success[media_type] = {"schema": refs[typed] if typed is not None and media_type == "application/json" else schema}
+        success[media_type] = {
+            "schema": refs[typed] if typed is not None and media_type == "application/json" else schema
+        }
     if body is not None and "stream" in body.model_fields and name not in MEDIA_TYPES:
         stream_type = "application/x-ndjson" if is_ollama_path(path) else "text/event-stream"
         success[stream_type] = {"schema": {"type": "string"}}
@@ -305,7 +312,10 @@ def _responses(
         responses[status] = {"description": "error", "content": {"application/json": {"schema": error}}}
     responses["503"]["headers"] = {"Retry-After": {"required": True, "schema": {"type": "string"}}}
     if name == "localserve.api.app.health":  # /health answers 503 with its own body
-        responses["503"] = {"description": "loading or failed", "content": {"application/json": {"schema": refs[Health]}}}
+        responses["503"] = {
+            "description": "loading or failed",
+            "content": {"application/json": {"schema": refs[Health]}},
+        }
     return responses
 
 

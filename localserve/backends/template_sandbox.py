@@ -119,15 +119,18 @@ def _check_operation(name: str, subject: Any, args: tuple[Any, ...], kwargs: dic
         num = subject.count(old) if old else len(subject) + 1
         if len(subject) + num * len(new) > MAX_VALUE_CHARS:
             raise TemplateLimitError("replace would make a value over the limit")
-    if name == "indent" and isinstance(subject, str):
-        if len(subject) * (1 + _count(args, kwargs, 0)) > MAX_VALUE_CHARS:
-            raise TemplateLimitError("indent would make a value over the limit")
+    if name == "indent" and isinstance(subject, str) and len(subject) * (1 + _count(args, kwargs, 0)) > MAX_VALUE_CHARS:
+        raise TemplateLimitError("indent would make a value over the limit")
     _check((subject, args, kwargs), name)
 
 
 def _check_binop(operator: str, left: Any, right: Any) -> None:
     if isinstance(left, int) and isinstance(right, int):
-        bits = abs(left).bit_length() * max(0, right) if operator == "**" else abs(left).bit_length() + abs(right).bit_length()
+        bits = (
+            abs(left).bit_length() * max(0, right)
+            if operator == "**"
+            else abs(left).bit_length() + abs(right).bit_length()
+        )
         if bits > MAX_INT_BITS:
             raise TemplateLimitError(f"'{operator}' would make a number of about {bits} bits")
     elif operator == "*" and isinstance(left, int) != isinstance(right, int):

@@ -32,7 +32,7 @@ def add_export_command(subparsers: Any) -> None:
         "--precision",
         choices=("fp32", "fp16"),
         default="fp32",
-        help="weights: fp32, or fp16 (OpenVINO only; halves the files, the device computes as it likes)",
+        help="weights: fp32, or fp16 (OpenVINO only; halves the files, the device computes as it likes; default: fp32)",
     )
     parser.add_argument("--output", type=Path, default=None, help="store folder (default: the model store)")
     parser.add_argument("--force", action="store_true", help="export again even if the store has an up-to-date copy")

@@ -31,6 +31,8 @@ def storm_server() -> Iterator[ServerThread]:
         yield srv
     finally:
         srv.stop()
+
+
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
@@ -73,7 +75,12 @@ def fresh_request_seconds(server: ServerThread) -> float:
     response = httpx.post(
         f"{server.base_url}/v1/chat/completions",
         headers=HEADERS,
-        json={"model": MODEL_ID, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 16, "temperature": 0},
+        json={
+            "model": MODEL_ID,
+            "messages": [{"role": "user", "content": "Count to five."}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },
         timeout=120,
     )
     assert response.status_code == 200, response.text

@@ -67,7 +67,9 @@ def test_only_the_faulty_steps_requests_fail(fault_server: ServerThread) -> None
     first_token = threading.Event()
 
     def stream_a() -> None:
-        with httpx.stream("POST", f"{base}/v1/chat/completions", json=chat("Write a long essay.", stream=True, **LONG), timeout=300) as r:
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json=chat("Write a long essay.", stream=True, **LONG), timeout=300
+        ) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: "):

@@ -86,7 +86,11 @@ def test_errors_are_documented_with_the_envelope(server: ServerThread) -> None:
             for status in ("400", "401", "404", "500", "503"):
                 assert status in op["responses"], (method, path, status)
             schema = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
-            expected = "OllamaError" if path == "/" or (path.startswith("/api/") and not path.startswith("/api/v1/")) else "ErrorEnvelope"
+            expected = (
+                "OllamaError"
+                if path == "/" or (path.startswith("/api/") and not path.startswith("/api/v1/"))
+                else "ErrorEnvelope"
+            )
             assert schema.endswith(expected), (path, schema)
     envelope = doc["components"]["schemas"]["ErrorEnvelope"]
     assert envelope["required"] == ["error"]
@@ -134,7 +138,12 @@ def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, 
                 props[field] = {"type": "integer", "minimum": 1, "maximum": MAX_NEW_TOKENS}
                 if field not in required:
                     required.append(field)
-        for field, top in (("max_completion_tokens", MAX_NEW_TOKENS), ("min_tokens", MAX_NEW_TOKENS), ("n", 2), ("best_of", 2)):
+        for field, top in (
+            ("max_completion_tokens", MAX_NEW_TOKENS),
+            ("min_tokens", MAX_NEW_TOKENS),
+            ("n", 2),
+            ("best_of", 2),
+        ):
             if field in props:
                 props[field] = {"type": "integer", "minimum": 1 if field != "min_tokens" else 0, "maximum": top}
         if name.startswith("Ollama") and name.endswith("Request"):

@@ -132,7 +132,11 @@ def test_sigterm_drains_then_exits_zero(server_process: Any) -> None:
     plain: list[httpx.Response] = []
     plain_thread = threading.Thread(
         target=lambda: plain.append(
-            httpx.post(f"{srv.base_url}/v1/chat/completions", json=chat("Write a book.", max_tokens=3500, ignore_eos=True), timeout=300)
+            httpx.post(
+                f"{srv.base_url}/v1/chat/completions",
+                json=chat("Write a book.", max_tokens=3500, ignore_eos=True),
+                timeout=300,
+            )
         ),
         daemon=True,
     )
@@ -220,7 +224,9 @@ def test_sigterm_loses_no_batch_work(server_process: Any, tmp_path: Path) -> Non
     assert at_signal["completed"] < num_lines, "the batch finished before the signal: nothing was tested"
 
     second = server_process(*args, home=tmp_path)
-    final = _wait_batch(second.base_url, batch_id, lambda b: b["status"] in ("completed", "failed", "cancelled", "expired"), 300)
+    final = _wait_batch(
+        second.base_url, batch_id, lambda b: b["status"] in ("completed", "failed", "cancelled", "expired"), 300
+    )
     assert final["status"] == "completed", final
     assert final["request_counts"] == {"total": num_lines, "completed": num_lines, "failed": 0}, final
     output = httpx.get(f"{second.base_url}/v1/files/{final['output_file_id']}/content", timeout=60)
