@@ -23,21 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.generation import MergedStreams, submit_all
 from localserve.api.infill_prompt import ExtraChunk, fim_prompt, fim_tokens, require_fim
+from localserve.api.infill_run import InfillRun
 from localserve.api.metrics import latency_observer, note_model
 from localserve.api.middleware import parse_body
 from localserve.api.sse import SseWriter
 from localserve.api.state import MANAGER, engine_of, require_model
 from localserve.api.wire import new_id
-from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, parse_priority
-from localserve.errors import BackendError, LocalServeError, ModelNotFoundError
+from localserve.engine.types import SamplingParams, parse_priority
+from localserve.errors import LocalServeError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -160,178 +159,6 @@ def _sampling(body: InfillRequest, *, room: int, max_tokens: int | None) -> Samp
         stop=tuple(s for s in body.stop if s),
         ignore_eos=body.ignore_eos,
     )
-
-
-class LineLimits:
-    """llama.cpp's `n_indent` rule on streamed text: after the first newline,
-    hold each new line's leading whitespace until its first character shows
-    whether the line is indented enough."""
-
-    def __init__(self, n_indent: int) -> None:
-        self.n_indent = n_indent
-        self.pending = ""
-        self.at_line_start = False
-        self.has_new_line = False
-        self.cut = False
-
-    def push(self, text: str) -> str:
-        """The text that may be released; sets `cut` when a line is too shallow."""
-        self.pending += text
-        released = ""
-        while self.pending and not self.cut:
-            if self.at_line_start and self.n_indent > 0:
-                width = len(self.pending) - len(self.pending.lstrip(" \t"))
-                if width == len(self.pending):
-                    break  # only whitespace so far
-                if width < self.n_indent:
-                    released += self.pending[:width]
-                    self.pending, self.cut = "", True
-                    break
-            self.at_line_start = False
-            newline = self.pending.find("\n")
-            if newline == -1:
-                released += self.pending
-                self.pending = ""
-                break
-            released += self.pending[: newline + 1]
-            self.pending = self.pending[newline + 1 :]
-            self.at_line_start = self.has_new_line = True
-        return released
-
-    def flush(self) -> str:
-        released, self.pending = self.pending, ""
-        return released
-
-
-class InfillRun:
-    """One infill answer: text, limits, counts and llama.cpp's result object."""
-
-    def __init__(self, body: InfillRequest, model_id: str, truncated: bool, n_ctx: int, prompt_text: str) -> None:
-        self.body = body
-        self.model_id = model_id
-        self.truncated = truncated
-        self.n_ctx = n_ctx
-        self.prompt_text = prompt_text
-        self.lines = LineLimits(body.n_indent)
-        self.content = ""
-        self.token_ids: list[int] = []
-        self.started_at = time.monotonic()
-        self.first_token_at = 0.0
-        self.final: TokenEvent | None = None
-        self.stop_type = "none"
-        self.num_prompt_tokens = 0
-
-    @property
-    def stopped(self) -> bool:
-        return self.stop_type != "none"
-
-    def add(self, event: TokenEvent) -> str:
-        """Take one event; return the text it releases."""
-        if event.finish_reason is FinishReason.ERROR:
-            raise BackendError(event.error or "generation failed")
-        now = time.monotonic()
-        if event.token_ids:
-            self.token_ids.extend(event.token_ids)
-            self.first_token_at = self.first_token_at or now
-        self.num_prompt_tokens = event.num_prompt_tokens or self.num_prompt_tokens
-        if event.finished:
-            self.final = event
-        piece = self.lines.push(event.text)
-        if self.lines.cut:
-            self.stop_type = "limit"
-        elif self._out_of_time(now):
-            piece += self.lines.flush()
-            self.stop_type = "limit"
-        elif event.finished:
-            piece += self.lines.flush()
-            self.stop_type = _stop_type(event)
-        self.content += piece
-        return piece
-
-    def _out_of_time(self, now: float) -> bool:
-        limit_ms = self.body.t_max_predict_ms
-        return limit_ms > 0 and self.lines.has_new_line and (now - self.first_token_at) * 1000 > limit_ms
-
-    def partial(self, piece: str) -> dict[str, Any]:
-        return {
-            "index": 0,
-            "content": piece,
-            "tokens": [],
-            "stop": False,
-            "id_slot": -1,
-            "tokens_predicted": len(self.token_ids),
-            "tokens_evaluated": self.num_prompt_tokens,
-        }
-
-    def result(self, *, streamed: bool = False) -> dict[str, Any]:
-        """llama.cpp's final result object (content empty when streamed)."""
-        end = time.monotonic()
-        first = self.first_token_at or end
-        prompt_ms = (first - self.started_at) * 1000
-        predicted_ms = (end - first) * 1000
-        num_cached = self.final.num_cached_tokens if self.final else 0
-        prompt_n = max(0, self.num_prompt_tokens - num_cached)
-        predicted_n = len(self.token_ids)
-        body = self.body
-        out = {
-            "index": 0,
-            "content": "" if streamed else self.content,
-            "tokens": [] if streamed or not body.return_tokens else self.token_ids,
-            "id_slot": -1,
-            "stop": True,
-            "model": self.model_id,
-            "tokens_predicted": predicted_n,
-            "tokens_evaluated": self.num_prompt_tokens,
-            "generation_settings": {
-                "n_ctx": self.n_ctx,
-                "n_predict": body.n_predict,
-                "temperature": body.temperature,
-                "top_k": body.top_k,
-                "top_p": body.top_p,
-                "min_p": body.min_p,
-                "seed": body.seed if body.seed is not None else -1,
-                "stop": body.stop,
-                "n_indent": body.n_indent,
-                "t_max_predict_ms": body.t_max_predict_ms,
-            },
-            "prompt": self.prompt_text,
-            "has_new_line": self.lines.has_new_line,
-            "truncated": self.truncated,
-            "stop_type": self.stop_type,
-            "stopping_word": body.stop[0] if self.stop_type == "word" and len(body.stop) == 1 else "",
-            "tokens_cached": num_cached,
-            "timings": {
-                "prompt_n": prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-                "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
-                "predicted_n": predicted_n,
-                "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-                "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
-            },
-        }
-        return _select(out, body.response_fields) if body.response_fields else out
-
-
-def _stop_type(event: TokenEvent) -> str:
-    if event.finish_reason is FinishReason.STOP:
-        # The engine keeps an end-of-generation token out of the event; a
-        # stop string ends an event that carries its token.
-        return "word" if event.token_ids else "eos"
-    return "limit" if event.finish_reason is FinishReason.LENGTH else "none"
-
-
-def _select(result: dict[str, Any], fields: list[str]) -> dict[str, Any]:
-    """llama.cpp's `response_fields`: keep these (`a/b` reaches into objects)."""
-    out: dict[str, Any] = {}
-    for path in fields:
-        value: Any = result
-        for part in path.split("/"):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None:
-            out[path] = value
-    return out
 
 
 async def _stream(

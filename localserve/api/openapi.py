@@ -243,7 +243,11 @@ def build_document(app: web.Application) -> dict[str, Any]:
     key_map, defs = models_json_schema(
         [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=REF_TEMPLATE
     )
-    refs = {model: schema for (model, _), schema in key_map.items()}
+    refs = {
+        model: schema
+        for (model, _), schema in key_map.items()
+        if isinstance(model, type) and issubclass(model, BaseModel)
+    }
     paths: dict[str, dict[str, Any]] = {}
     for method, path, handler in routes:
         paths.setdefault(path, {})[method.lower()] = _operation(method, path, handler, bodies[handler], refs)

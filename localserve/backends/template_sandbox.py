@@ -193,17 +193,17 @@ class _Guards(NodeTransformer):
     through a size check."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)  # in place
         node.body.insert(0, nodes.Output([nodes.Call(nodes.Name(_STEP, "load"), [], [], None, None)]))
         return node
 
     def visit_Output(self, node: nodes.Output) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         node.nodes = [nodes.Call(nodes.Name(_OUT, "load"), [child], [], None, None) for child in node.nodes]
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         return nodes.Call(nodes.Name(_CONCAT, "load"), list(node.nodes), [], None, None)
 
 
