@@ -32,9 +32,25 @@ def add_batch_command(subparsers: Any) -> None:
         "requests already answered are skipped.",
     )
     run.add_argument("input", metavar="INPUT", help="the batch input file (path or URL)")
-    run.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="where the answers go (path or URL; required, no default)")
-    run.add_argument("--model", default=None, metavar="ID_OR_PATH", help="model to use for every request (default: the model named in the file)")
-    run.add_argument("--endpoint", default=None, choices=BATCH_ENDPOINTS, help="endpoint every line must name (default: the first line's url)")
+    run.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUTPUT",
+        help="where the answers go (path or URL; required, no default)",
+    )
+    run.add_argument(
+        "--model",
+        default=None,
+        metavar="ID_OR_PATH",
+        help="model to use for every request (default: the model named in the file)",
+    )
+    run.add_argument(
+        "--endpoint",
+        default=None,
+        choices=BATCH_ENDPOINTS,
+        help="endpoint every line must name (default: the first line's url)",
+    )
     run.add_argument(
         "--concurrency",
         type=cli._int_at_least(1),

@@ -119,3 +119,11 @@ class ChecksumMismatchError(PullError):
     """A downloaded file is not the file its digest names; it was deleted."""
 
     code = "checksum_mismatch"
+
+
+class JobStoreBusyError(LocalServeError):
+    """Another localserve process runs the batch jobs of this data directory."""
+
+    status = 503
+    type = "server_error"
+    code = "job_store_busy"

@@ -30,6 +30,7 @@ from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.types import PRIORITY_ALIASES, parse_priority
+from localserve.errors import LocalServeError
 from localserve.jobs.runner import BatchRunner, RunnerConfig
 from localserve.jobs.store import JobStore
 from localserve.jobs.types import LineResult, new_id
@@ -180,7 +181,10 @@ class BatchService:
     async def resume(self) -> None:
         """At start-up: open an existing store, so its unfinished batches go on."""
         if await asyncio.to_thread((self.root / "jobs.sqlite3").exists):
-            await self.open()
+            try:
+                await self.open()
+            except LocalServeError as exc:  # e.g. another server runs them: serve the rest anyway
+                log.warning("batch jobs not resumed: %s", exc.message)
 
     async def close(self) -> None:
         if self.runner is not None:

@@ -55,7 +55,11 @@ class Summary:
 
 
 def errors_url_for(output_url: str) -> str:
-    return output_url[: -len(".jsonl")] + ".errors.jsonl" if output_url.endswith(".jsonl") else output_url + ".errors.jsonl"
+    return (
+        output_url[: -len(".jsonl")] + ".errors.jsonl"
+        if output_url.endswith(".jsonl")
+        else output_url + ".errors.jsonl"
+    )
 
 
 async def run_file(

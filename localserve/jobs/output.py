@@ -16,7 +16,10 @@ from typing import Any, TextIO
 
 from localserve.jobs.types import BatchRecord, new_id
 
-EXPIRED = {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}
+EXPIRED = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
 CANCELLED = {"code": "batch_cancelled", "message": "This request was not executed: the batch was cancelled."}
 NOT_RUN = {"code": "internal_error", "message": "This request could not be executed; see the server's log."}
 

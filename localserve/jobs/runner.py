@@ -174,7 +174,9 @@ class BatchRunner:
             updated = await self.store.call(self.store.start_batch, batch.id, result.lines, result.model)
         else:
             updated = await self.store.call(self.store.fail_validation, batch.id, result.errors)
-        log.info("batch %s: %s (%d lines, %d errors)", batch.id, updated.status.value, len(result.lines), result.num_errors)
+        log.info(
+            "batch %s: %s (%d lines, %d errors)", batch.id, updated.status.value, len(result.lines), result.num_errors
+        )
         self.notify(updated)
 
     async def _execute(self, batch: BatchRecord) -> None:
@@ -202,7 +204,9 @@ class BatchRunner:
                 return stopped
         return BatchStatus.COMPLETED
 
-    async def _dispatch(self, batch: BatchRecord, pending: Sequence[LineRef], stop: asyncio.Event) -> BatchStatus | None:
+    async def _dispatch(
+        self, batch: BatchRecord, pending: Sequence[LineRef], stop: asyncio.Event
+    ) -> BatchStatus | None:
         """Run `pending` lines, a bounded number at a time; the status to end
         in if a cancel or the deadline stops them, else None."""
         in_flight: set[asyncio.Task[None]] = set()
@@ -238,7 +242,9 @@ class BatchRunner:
             return BatchStatus.EXPIRED
         return None
 
-    async def _wait(self, in_flight: set[asyncio.Task[None]], stop_waiter: asyncio.Task[Any], batch: BatchRecord) -> None:
+    async def _wait(
+        self, in_flight: set[asyncio.Task[None]], stop_waiter: asyncio.Task[Any], batch: BatchRecord
+    ) -> None:
         """Until a line ends, a cancel comes or the batch's deadline passes."""
         timeout = max(0.0, batch.expires_at - self.store.clock())
         done, _ = await asyncio.wait({*in_flight, stop_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -31,7 +31,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from localserve.errors import InvalidRequestError, NotFoundError
+from localserve.errors import InvalidRequestError, JobStoreBusyError, NotFoundError
+from localserve.jobs.schema import (
+    BATCH_COLUMNS,
+    FILE_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    batch_from_row,
+    direction,
+    file_from_row,
+    where_clause,
+)
 from localserve.jobs.types import (
     UNFINISHED,
     BatchError,
@@ -46,63 +56,6 @@ from localserve.jobs.types import (
 T = TypeVar("T")
 Clock = Callable[[], float]
 
-SCHEMA_VERSION = 1
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    filename TEXT NOT NULL,
-    purpose TEXT NOT NULL,
-    num_bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    endpoint TEXT NOT NULL,
-    input_file_id TEXT NOT NULL,
-    completion_window TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
-    metadata TEXT,
-    model TEXT,
-    errors TEXT,
-    output_file_id TEXT,
-    error_file_id TEXT,
-    in_progress_at INTEGER, finalizing_at INTEGER, completed_at INTEGER, failed_at INTEGER,
-    expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
-    num_total INTEGER NOT NULL DEFAULT 0,
-    num_completed INTEGER NOT NULL DEFAULT 0,
-    num_failed INTEGER NOT NULL DEFAULT 0,
-    input_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS lines (
-    batch_id TEXT NOT NULL,
-    line_no INTEGER NOT NULL,
-    custom_id TEXT NOT NULL,
-    offset INTEGER NOT NULL,
-    length INTEGER NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    started_at REAL,
-    finished_at REAL,
-    result_id TEXT,
-    status_code INTEGER,
-    request_id TEXT,
-    response TEXT,
-    PRIMARY KEY (batch_id, line_no)
-) WITHOUT ROWID;
-"""
-
-_BATCH_COLUMNS = (
-    "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, metadata, model, errors, "
-    "output_file_id, error_file_id, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, "
-    "cancelling_at, cancelled_at, num_total, num_completed, num_failed, input_tokens, cached_tokens, output_tokens"
-)
-_FILE_COLUMNS = "id, filename, purpose, num_bytes, created_at, expires_at"
 _PAGE = 1000  # rows per query when reading a batch's lines
 
 
@@ -113,6 +66,7 @@ class JobStore:
         self.root = root
         self.blobs = root / "files"
         self.blobs.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_exclusively(root / ".lock")
         self.clock = clock
         self._lock = threading.RLock()
         self._db = sqlite3.connect(root / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
@@ -134,6 +88,7 @@ class JobStore:
         self._thread.shutdown(wait=True)
         with self._lock:
             self._db.close()
+        self._lock_file.close()  # releases the lock
 
     def now(self) -> int:
         return int(self.clock())
@@ -185,17 +140,17 @@ class JobStore:
         )
         with self._transaction() as db:
             db.execute(
-                f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
                 (record.id, filename, purpose, record.num_bytes, record.created_at, expires_at),
             )
             os.replace(tmp, self.blob_path(record.id))  # before COMMIT: a crash leaves an orphan, never a hole
         return record
 
     def get_file(self, file_id: str) -> FileRecord:
-        rows = self._query(f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
+        rows = self._query(f"SELECT {FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
         if not rows:
             raise NotFoundError(f"No such File object: {file_id}", param="file_id")
-        return FileRecord(*rows[0])
+        return file_from_row(rows[0])
 
     def list_files(
         self, *, purpose: str | None = None, after: str | None = None, limit: int = 10_000, order: str = "desc"
@@ -206,10 +161,10 @@ class JobStore:
             where.append("purpose = ?")
             params.append(purpose)
         rows = self._query(
-            f"SELECT {_FILE_COLUMNS} FROM files {_where(where)} ORDER BY seq {_direction(order)} LIMIT ?",
+            f"SELECT {FILE_COLUMNS} FROM files {where_clause(where)} ORDER BY seq {direction(order)} LIMIT ?",
             (*params, limit + 1),
         )
-        return [FileRecord(*row) for row in rows[:limit]], len(rows) > limit
+        return [file_from_row(row) for row in rows[:limit]], len(rows) > limit
 
     def delete_file(self, file_id: str) -> None:
         """Remove a file; refused while an unfinished batch reads it."""
@@ -264,30 +219,30 @@ class JobStore:
         return batch
 
     def get_batch(self, batch_id: str) -> BatchRecord:
-        rows = self._query(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
+        rows = self._query(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
         if not rows:
             raise NotFoundError(f"No such Batch object: {batch_id}", param="batch_id")
-        return _batch(rows[0])
+        return batch_from_row(rows[0])
 
     def list_batches(self, *, after: str | None = None, limit: int = 20) -> tuple[list[BatchRecord], bool]:
         """A page of batches, newest first, and whether more follow."""
         where, params = self._page_filter("batches", after, "desc")
         rows = self._query(
-            f"SELECT {_BATCH_COLUMNS} FROM batches {_where(where)} ORDER BY seq DESC LIMIT ?", (*params, limit + 1)
+            f"SELECT {BATCH_COLUMNS} FROM batches {where_clause(where)} ORDER BY seq DESC LIMIT ?", (*params, limit + 1)
         )
-        return [_batch(row) for row in rows[:limit]], len(rows) > limit
+        return [batch_from_row(row) for row in rows[:limit]], len(rows) > limit
 
     def unfinished_batches(self) -> list[BatchRecord]:
         """Batches not in a final status, oldest first (what a restart resumes)."""
         rows = self._query(
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN (?, ?, ?, ?) ORDER BY seq",
+            f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN (?, ?, ?, ?) ORDER BY seq",
             [s.value for s in UNFINISHED],
         )
-        return [_batch(row) for row in rows]
+        return [batch_from_row(row) for row in rows]
 
     def recent_batches(self, limit: int) -> list[BatchRecord]:
-        rows = self._query(f"SELECT {_BATCH_COLUMNS} FROM batches ORDER BY seq DESC LIMIT ?", (limit,))
-        return [_batch(row) for row in rows]
+        rows = self._query(f"SELECT {BATCH_COLUMNS} FROM batches ORDER BY seq DESC LIMIT ?", (limit,))
+        return [batch_from_row(row) for row in rows]
 
     def _page_filter(self, table: str, after: str | None, order: str) -> tuple[list[str], list[Any]]:
         if after is None:
@@ -429,7 +384,7 @@ class JobStore:
                 tmp, filename = output
                 file_id = new_id("file-")
                 db.execute(
-                    f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
+                    f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
                     (file_id, filename, "batch_output", tmp.stat().st_size, now),
                 )
                 os.replace(tmp, self.blob_path(file_id))
@@ -438,41 +393,20 @@ class JobStore:
         return self.get_batch(batch_id)
 
 
-def _where(conditions: list[str]) -> str:
-    return f"WHERE {' AND '.join(conditions)}" if conditions else ""
-
-
-def _direction(order: str) -> str:
-    return "ASC" if order == "asc" else "DESC"
-
-
-def _batch(row: tuple[Any, ...]) -> BatchRecord:
-    (batch_id, endpoint, input_file_id, window, status, created_at, expires_at, metadata, model, errors,
-     output_file_id, error_file_id, in_progress_at, finalizing_at, completed_at, failed_at, expired_at,
-     cancelling_at, cancelled_at, num_total, num_completed, num_failed, input_tokens, cached_tokens,
-     output_tokens) = row  # fmt: skip
-    return BatchRecord(
-        id=batch_id,
-        endpoint=endpoint,
-        input_file_id=input_file_id,
-        completion_window=window,
-        status=BatchStatus(status),
-        created_at=created_at,
-        expires_at=expires_at,
-        metadata=json.loads(metadata) if metadata else None,
-        model=model,
-        errors=json.loads(errors) if errors else None,
-        output_file_id=output_file_id,
-        error_file_id=error_file_id,
-        in_progress_at=in_progress_at,
-        finalizing_at=finalizing_at,
-        completed_at=completed_at,
-        failed_at=failed_at,
-        expired_at=expired_at,
-        cancelling_at=cancelling_at,
-        cancelled_at=cancelled_at,
-        num_total=num_total,
-        num_completed=num_completed,
-        num_failed=num_failed,
-        usage={"input_tokens": input_tokens, "cached_tokens": cached_tokens, "output_tokens": output_tokens},
-    )
+def _lock_exclusively(path: Path) -> Any:
+    """Hold an exclusive lock on `path` for the store's life: two processes
+    running one data directory's batches would run every line twice."""
+    f = path.open("a+")
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks here; one server per data directory
+        return f
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise JobStoreBusyError(
+            f"another localserve process runs the batch jobs in {path.parent}; stop it, or give this "
+            "server its own data directory (LOCALSERVE_HOME)"
+        ) from None
+    return f

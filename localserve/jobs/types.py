@@ -18,7 +18,7 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 
 
-class BatchStatus(str, enum.Enum):
+class BatchStatus(enum.StrEnum):
     VALIDATING = "validating"
     FAILED = "failed"
     IN_PROGRESS = "in_progress"

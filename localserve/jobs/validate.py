@@ -140,21 +140,27 @@ def _check_line(raw: bytes, line_no: int, result: Validation) -> tuple[str, dict
         return None
     for name in ("custom_id", "method", "url", "body"):
         if name not in data:
-            result.add(BatchError("missing_required_parameter", f"Missing required parameter: '{name}'.", line_no, name))
+            result.add(
+                BatchError("missing_required_parameter", f"Missing required parameter: '{name}'.", line_no, name)
+            )
             return None
     custom_id, method, url, body = data["custom_id"], data["method"], data["url"], data["body"]
     if not isinstance(custom_id, str) or not custom_id:
         result.add(BatchError("invalid_value", "custom_id must be a non-empty string.", line_no, "custom_id"))
         return None
     if method != "POST":
-        result.add(BatchError("invalid_method", f"Only the POST method is supported; got {method!r}.", line_no, "method"))
+        result.add(
+            BatchError("invalid_method", f"Only the POST method is supported; got {method!r}.", line_no, "method")
+        )
         return None
     if result.endpoint is None and url in BATCH_ENDPOINTS:
         result.endpoint = url
     if url != result.endpoint:
         expected = result.endpoint or " or ".join(BATCH_ENDPOINTS)
         result.add(
-            BatchError("invalid_url", f"The url {url!r} does not match the batch's endpoint {expected}.", line_no, "url")
+            BatchError(
+                "invalid_url", f"The url {url!r} does not match the batch's endpoint {expected}.", line_no, "url"
+            )
         )
         return None
     if not isinstance(body, dict):

@@ -60,7 +60,9 @@ def test_round_trip_every_custom_id_once(client: openai.OpenAI, http: httpx.Clie
     assert created.expires_at == created.created_at + 24 * 3600
     batch = wait_done(client, created.id)
     assert batch.status == "completed", batch.errors
-    assert batch.request_counts.total == 24 and batch.request_counts.completed == 24 and batch.request_counts.failed == 0
+    assert (
+        batch.request_counts.total == 24 and batch.request_counts.completed == 24 and batch.request_counts.failed == 0
+    )
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at and batch.error_file_id is None
     assert batch.model == MODEL_ID and batch.usage.output_tokens > 0
     output = jsonl(client, batch.output_file_id)
@@ -84,7 +86,9 @@ def test_completions_batch_under_api_v1_prefix(client: openai.OpenAI, server: Se
          "body": {"model": MODEL_ID, "prompt": f"{i} + {i} =", "max_tokens": 4}}
         for i in range(3)
     ]  # fmt: skip
-    batch = api_v1.batches.create(input_file_id=upload(api_v1, lines), endpoint="/v1/completions", completion_window="24h")
+    batch = api_v1.batches.create(
+        input_file_id=upload(api_v1, lines), endpoint="/v1/completions", completion_window="24h"
+    )
     batch = wait_done(api_v1, batch.id)
     output = jsonl(api_v1, batch.output_file_id)
     assert batch.status == "completed" and len(output) == 3
@@ -95,7 +99,9 @@ def test_one_bad_line_lands_in_the_error_file(client: openai.OpenAI) -> None:
     lines = [chat_line(f"ok-{i}", "Say yes.", max_tokens=4) for i in range(3)]
     lines.insert(1, {"custom_id": "broken", "method": "POST", "url": "/v1/chat/completions",
                      "body": {"model": MODEL_ID, "messages": [], "max_tokens": 4}})  # fmt: skip
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
     batch = wait_done(client, batch.id)
     assert batch.status == "completed"
     assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
@@ -110,7 +116,9 @@ def test_one_bad_line_lands_in_the_error_file(client: openai.OpenAI) -> None:
 def test_malformed_file_fails_validation(client: openai.OpenAI) -> None:
     lines: list[Any] = [chat_line("a", "hi"), "{this is not json", chat_line("a", "dup"), chat_line("b", "hi")]
     lines[3]["url"] = "/v1/embeddings"
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
     batch = wait_done(client, batch.id, timeout=60)
     assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
     assert batch.errors.object == "list"
@@ -121,7 +129,9 @@ def test_malformed_file_fails_validation(client: openai.OpenAI) -> None:
 
 def test_cancel_keeps_partial_output(client: openai.OpenAI) -> None:
     lines = [chat_line(f"long-{i}", "Write a long story about the sea.", max_tokens=64) for i in range(48)]
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
     deadline = time.monotonic() + 60
     while client.batches.retrieve(batch.id).status == "validating":
         assert time.monotonic() < deadline
@@ -199,7 +209,9 @@ def test_interactive_request_overtakes_waiting_batch_lines(
     still waiting when it has its first token (with FIFO they would all have
     started before it). Judged on one consistent scheduler snapshot, not on time."""
     lines = [chat_line(f"bg-{i}", "Tell me about rivers.", max_tokens=16) for i in range(48)]
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
     deadline = time.monotonic() + POLL_TIMEOUT_S
     while True:  # until batch lines wait in the scheduler, not yet started
         waiting = {r["id"] for r in scheduler_requests(server) if r["state"] == "waiting" and r["priority"] >= 2 and not r["generated_tokens"]}  # fmt: skip
@@ -230,6 +242,8 @@ def test_interactive_request_overtakes_waiting_batch_lines(
     thread.join(POLL_TIMEOUT_S)
     assert answer["reply"].choices[0].message.content
     assert overtaken is not None, "never saw the interactive request running"
-    assert overtaken, "the interactive request got its first token only after every batch line queued before it had started"
+    assert overtaken, (
+        "the interactive request got its first token only after every batch line queued before it had started"
+    )
     client.batches.cancel(batch.id)  # the point is made; free the server for the next tests
     assert wait_done(client, batch.id).status == "cancelled"

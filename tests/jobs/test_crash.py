@@ -105,7 +105,9 @@ def test_kill_9_mid_batch_then_restart_completes_without_redoing_lines(server: S
          "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 6}}
         for i in range(NUM_LINES)
     ]  # fmt: skip
-    source = client.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch")
+    source = client.files.create(
+        file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch"
+    )
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
 
     deadline = time.monotonic() + 600

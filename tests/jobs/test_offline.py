@@ -46,10 +46,14 @@ def write(path: Path, lines: list[str]) -> str:
 
 
 async def test_writes_output_in_order_and_errors_beside_it(tmp_path: Path) -> None:
-    source = write(tmp_path / "in.jsonl", [request_line(f"c{i}", n=i) for i in range(12)] + [request_line("bad", fail=True)])
+    source = write(
+        tmp_path / "in.jsonl", [request_line(f"c{i}", n=i) for i in range(12)] + [request_line("bad", fail=True)]
+    )
     output = str(tmp_path / "out.jsonl")
     executor, models, stream = FakeExecutor(concurrency=3), [], io.StringIO()
-    summary = await run_file(source, output, opener(executor, models), work_dir=tmp_path / "work", progress=Progress(stream))
+    summary = await run_file(
+        source, output, opener(executor, models), work_dir=tmp_path / "work", progress=Progress(stream)
+    )
     assert models == ["m"], "the model named in the file"
     assert (summary.num_total, summary.num_completed, summary.num_failed) == (13, 12, 1)
     assert executor.max_in_flight_seen <= 3

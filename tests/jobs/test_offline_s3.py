@@ -56,14 +56,38 @@ def test_batch_run_reads_and_writes_s3(s3: object, tmp_path, monkeypatch, capsys
             "custom_id": f"q{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 4, "temperature": 0},
+            "body": {
+                "model": MODEL_ID,
+                "messages": [{"role": "user", "content": f"Say the number {i}."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
         }
         for i in range(NUM_LINES)
     ]
-    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL_ID, "messages": []}})
+    lines.append(
+        {
+            "custom_id": "bad",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL_ID, "messages": []},
+        }
+    )
     s3.pipe(f"{BUCKET}/in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode())  # type: ignore[attr-defined]
     code = cli.main(
-        ["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl", "--concurrency", "4", "--ctx-size", "256", "--threads", "1"]
+        [
+            "batch",
+            "run",
+            f"s3://{BUCKET}/in.jsonl",
+            "-o",
+            f"s3://{BUCKET}/out/answers.jsonl",
+            "--concurrency",
+            "4",
+            "--ctx-size",
+            "256",
+            "--threads",
+            "1",
+        ]
     )
     err = capsys.readouterr().err
     assert code == 0, err

@@ -26,7 +26,9 @@ async def store(tmp_path: Path) -> AsyncIterator[JobStore]:
     await asyncio.to_thread(s.close)
 
 
-async def wait_for(store: JobStore, batch_id: str, done: Callable[[BatchRecord], bool], timeout: float = 10) -> BatchRecord:
+async def wait_for(
+    store: JobStore, batch_id: str, done: Callable[[BatchRecord], bool], timeout: float = 10
+) -> BatchRecord:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         batch = await store.call(store.get_batch, batch_id)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localserve.errors import InvalidRequestError, NotFoundError
+from localserve.errors import InvalidRequestError, JobStoreBusyError, NotFoundError
 from localserve.jobs.store import JobStore
 from localserve.jobs.types import BatchStatus, LineRef, LineResult
 from tests.jobs.fakes import request_line, write_input
@@ -119,3 +119,8 @@ def test_reopen_keeps_everything_and_drops_orphan_blobs(tmp_path: Path) -> None:
         assert sorted(p.name for p in again.blobs.iterdir()) == [source.id]
     finally:
         again.close()
+
+
+def test_one_process_at_a_time_runs_a_data_directory(store: JobStore) -> None:
+    with pytest.raises(JobStoreBusyError, match="another localserve process"):
+        JobStore(store.root)

@@ -67,7 +67,9 @@ def test_limits(tmp_path: Path) -> None:
     assert [e.code for e in too_many.errors] == ["too_many_requests"]
     too_big = check(tmp_path, [line("a")], limits=Limits(max_bytes=10))
     assert [e.code for e in too_big.errors] == ["file_too_large"]
-    embed = '{"custom_id": "%s", "method": "POST", "url": "/v1/embeddings", "body": {"model": "e", "input": ["a", "b"]}}'
+    embed = (
+        '{"custom_id": "%s", "method": "POST", "url": "/v1/embeddings", "body": {"model": "e", "input": ["a", "b"]}}'
+    )
     inputs = check(tmp_path, [embed % i for i in range(3)], "/v1/embeddings", Limits(max_embedding_inputs=5))
     assert [(e.code, e.line) for e in inputs.errors] == [("too_many_inputs", 3)]
 
