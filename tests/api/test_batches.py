@@ -186,6 +186,22 @@ def test_files_api(client: openai.OpenAI, http: httpx.Client) -> None:
     assert http.post("/v1/files", json={"purpose": "batch"}).status_code == 400  # not multipart
 
 
+def test_upload_is_streamed_past_the_body_limit_but_capped(small_server: ServerThread) -> None:
+    """A file upload is not a JSON body: the 64 KiB body limit of this server
+    does not apply, the file size cap does (413)."""
+    client = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0)
+    big = b'{"custom_id": "x"}\n' * 10_000  # 190 KB
+    assert client.files.create(file=("big.jsonl", big), purpose="batch").bytes == len(big)
+    settings = small_server.settings
+    settings.batch_max_file_bytes, saved = 100_000, settings.batch_max_file_bytes
+    try:
+        with pytest.raises(openai.APIStatusError) as exc:
+            client.files.create(file=("big.jsonl", big), purpose="batch")
+        assert exc.value.status_code == 413 and "100000 bytes" in exc.value.message
+    finally:
+        settings.batch_max_file_bytes = saved
+
+
 @pytest.fixture
 def wide_batches(server: ServerThread, client: openai.OpenAI) -> Iterator[None]:
     """Let 48 batch lines be in flight (16 slots): 32 wait in the scheduler."""

