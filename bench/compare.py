@@ -145,8 +145,10 @@ def free_port() -> int:
 class RunningServer:
     """One server process, started and awaited on `with`, stopped on exit."""
 
-    def __init__(self, spec: ServerSpec, port: int, log_path: Path, timeout_s: float = 180.0) -> None:
-        self.spec, self.port, self.log_path, self.timeout_s = spec, port, log_path, timeout_s
+    def __init__(
+        self, spec: ServerSpec, port: int, log_path: Path, env: dict[str, str], timeout_s: float = 180.0
+    ) -> None:
+        self.spec, self.port, self.log_path, self.env, self.timeout_s = spec, port, log_path, env, timeout_s
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -156,7 +158,9 @@ class RunningServer:
     def __enter__(self) -> RunningServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.process = subprocess.Popen(
+                self.spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env}
+            )
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -202,7 +206,7 @@ def priority_levels(args: argparse.Namespace) -> list[Level]:
     return [Level("concurrency", b, probe=probe) for b in args.batch_loads]
 
 
-async def bench_server(args: argparse.Namespace, url: str) -> dict[str, Any]:
+async def bench_server(args: argparse.Namespace, url: str, *, with_priority: bool) -> dict[str, Any]:
     workload = Workload(MODEL_ID, "completions", args.prompt_tokens, args.output_tokens, True, 0.0)
     slo = Slo(args.slo_ttft_ms / 1e3, args.slo_itl_ms / 1e3)
     sweep = await run_bench(
@@ -215,6 +219,8 @@ async def bench_server(args: argparse.Namespace, url: str) -> dict[str, Any]:
         pause_s=args.pause,
         on_level=progress,
     )
+    if not with_priority:
+        return {"sweep": sweep, "priority": {"levels": []}}
     batch = await run_bench(
         url,
         workload,
@@ -250,9 +256,10 @@ def run_all(args: argparse.Namespace) -> None:
             spec = server_specs(args, model_path, port)[name]
             print(f"[repeat {repeat + 1}/{args.repeats}] {name}  load average {os.getloadavg()[0]:.2f}", flush=True)
             started = time.time()
-            with RunningServer(spec, port, CACHE / "logs" / f"{args.tag}-{name}-r{repeat}.log") as server:
-                result = asyncio.run(bench_server(args, server.url))
-            result["server"] = {"name": name, "argv": spec.argv, "version": server_version(name, args)}
+            log_path = CACHE / "logs" / f"{args.tag}-{name}-r{repeat}.log"
+            with RunningServer(spec, port, log_path, args.env) as server:
+                result = asyncio.run(bench_server(args, server.url, with_priority=name in args.priority_servers))
+            result["server"] = {"name": name, "argv": spec.argv, "env": args.env, "version": server_version(name, args)}
             result["repeat"] = repeat
             result["wall_s"] = round(time.time() - started, 1)
             path = runs_dir / f"{args.tag}-{name}-r{repeat}.json"
@@ -484,6 +491,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--prompt-tokens", type=int, default=128, help="prompt length, about N words (default: 128)")
     add("--output-tokens", type=int, default=128, help="fixed output length (default: 128)")
     add("--batch-loads", default="0,16,32", help="batch streams under the interactive probe (default: 0,16,32)")
+    add(
+        "--priority-servers",
+        default="localserve,llama-server",
+        help="servers that also get the interactive-under-batch test; llama_cpp.server serves one request at "
+        "a time, so a probe waits for the whole batch queue (default: localserve,llama-server)",
+    )
+    add(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of every server, e.g. OMP_WAIT_POLICY=PASSIVE (repeatable; default: none)",
+    )
     add("--probe-rate", type=float, default=1.0, help="interactive probes per second (default: 1)")
     add("--probe-requests", type=int, default=10, help="interactive probes per load (default: 10)")
     add("--probe-output-tokens", type=int, default=16, help="max_tokens of a probe (default: 16)")
@@ -503,6 +523,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.servers) - set(SERVERS)
     if unknown:
         parser.error(f"unknown servers {sorted(unknown)}; known: {', '.join(SERVERS)}")
+    args.priority_servers = [s.strip() for s in args.priority_servers.split(",") if s.strip()]
+    args.env = dict(item.split("=", 1) for item in args.env)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.batch_loads = [int(b) for b in args.batch_loads.split(",")]
     return args

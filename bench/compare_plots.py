@@ -48,6 +48,8 @@ def _plot(
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name, server in summary["servers"].items():
         xs, ys, err = _series(server[section], metric)
+        if not xs:
+            continue
         colour, marker = STYLE.get(name, ("tab:gray", "x"))
         ax.errorbar(xs, ys, yerr=err, label=name, color=colour, marker=marker, capsize=3, linewidth=1.6)
     if log_x:

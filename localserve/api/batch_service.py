@@ -3,16 +3,17 @@ of the app (opened lazily, resumed at start-up), and the executor that runs a
 batch line through the very handler of its endpoint.
 
 A line is not an HTTP request, but the handlers only read a request's app and
-body: `LineRequest` carries those, and the line goes through the same
-`error_middleware` and handler as an interactive request, so validation,
-errors and answers are the same to the byte. Only `stream` is forced off and
-`priority` raised to at least `batch`.
+body (and keep notes in it): `LineRequest` carries those, and the line goes
+through the same handler, error envelope and model leases as an interactive
+request, so validation, errors and answers are the same to the byte. Only
+`stream` is forced off and `priority` raised to at least `batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +26,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
 from localserve.api.embeddings import create_embeddings
+from localserve.api.leases import release_leases_middleware
 from localserve.api.middleware import error_middleware
 from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
@@ -46,6 +48,11 @@ HANDLERS: dict[str, Handler] = {
     "/v1/completions": completions,
     "/v1/embeddings": create_embeddings,
 }
+#: What a line goes through around its handler, outermost first: the error
+#: envelope and the model leases are part of answering; the Host, CORS and key
+#: checks guard the HTTP edge (the batch passed them when it was created), and
+#: the HTTP metrics count answers sent over HTTP.
+LINE_MIDDLEWARES = (error_middleware, release_leases_middleware)
 BATCH_PRIORITY = PRIORITY_ALIASES["batch"]
 RETRY_CODES = frozenset({"model_loading", "queue_full"})  # "not now": the line is sent again
 EMBEDDING_IN_FLIGHT = 8  # embedding lines at a time (the model's batcher groups them)
@@ -80,6 +87,12 @@ class LineRequest(dict[str, Any]):
         return json.loads(self._body)
 
 
+def _with_middlewares(handler: Handler) -> Handler:
+    for middleware in reversed(LINE_MIDDLEWARES):
+        handler = functools.partial(middleware, handler=handler)
+    return handler
+
+
 def batch_priority(value: Any) -> Any:
     """A line's priority: at least as patient as `batch`. A bad value is left
     for the handler to refuse, as it would for any request."""
@@ -102,7 +115,7 @@ class AppLineExecutor:
         data = {**body, "stream": False, "priority": batch_priority(body.get("priority"))}
         data.pop("stream_options", None)
         request = LineRequest(self.app, endpoint, json.dumps(data).encode())
-        response = await error_middleware(cast(web.Request, request), HANDLERS[endpoint])
+        response = await _with_middlewares(HANDLERS[endpoint])(cast(web.Request, request))
         if not isinstance(response, web.Response) or not isinstance(response.body, bytes):  # handlers answer JSON
             raise TypeError(f"{endpoint} answered a batch line with {type(response).__name__}, not a JSON response")
         payload = json.loads(response.body)

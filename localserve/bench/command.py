@@ -268,6 +268,9 @@ async def run_bench(
             raise SystemExit(f"localserve: error: warm-up request failed: {warm[0].error}")
         for i, level in enumerate(levels):
             if i:
+                # Requests cut off at the end of the last level may still hold the server
+                # (a FIFO server runs queued ones until it notices); one tiny request waits that out.
+                await runner.warmup(1, output_tokens=1)
                 await asyncio.sleep(pause_s)
             summary = summarize_level(await runner.run(level), slo)
             summary["loadavg"] = os.getloadavg()[0]

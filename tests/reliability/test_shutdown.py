@@ -175,6 +175,11 @@ def test_sigterm_drains_then_exits_zero(server_process: Any) -> None:
     assert plain and plain[0].status_code == 500, plain[0].text if plain else None
     assert plain[0].json()["error"]["message"] == SHUTDOWN_MESSAGE
     assert "ended 2 requests still running" in log
+    print(
+        f"\nSIGTERM: connections refused after {refused_at - signalled_at:.2f} s; short stream done "
+        f"after {short.ended_at - signalled_at:.2f} s; long stream ended after {long.ended_at - signalled_at:.2f} s "
+        f"(timeout {SHUTDOWN_TIMEOUT_S} s); exit code {exit_code}"
+    )
 
 
 def _batch_lines(num_lines: int) -> bytes:
@@ -233,4 +238,5 @@ def test_sigterm_loses_no_batch_work(server_process: Any, tmp_path: Path) -> Non
     rows = [json.loads(line) for line in output.text.splitlines() if line.strip()]
     assert sorted(row["custom_id"] for row in rows) == sorted(f"line-{i}" for i in range(num_lines))
     assert all(row["response"]["status_code"] == 200 for row in rows)
+    print(f"\nbatch across SIGTERM: {at_signal} at the signal, {final['request_counts']} after the restart")
     assert not final.get("error_file_id")
