@@ -29,6 +29,7 @@ from abc import abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -270,21 +271,28 @@ class KvDecoderBackend(GenerativeBackend):
         return SampledToken(token_id, logprob)
 
 
-def default_kv_tokens(io: DecoderIO, parallel: int, n_ctx: int, requested: int) -> int:
-    """KV cells for all slots: as asked, else `parallel * n_ctx` if it fits
-    in half the free memory, else what does (never below one context)."""
-    if requested > 0:
-        return max(requested, n_ctx)
-    try:
-        import psutil
+def plan_capacity(
+    io: DecoderIO, model_config: dict[str, Any], *, n_ctx: int, parallel: int, kv_tokens: int, batch_tokens: int
+) -> Capacity:
+    """Slots = `parallel`; context = `n_ctx` capped by the model's own; KV
+    cells as asked, else `parallel * n_ctx` if that fits in half the free
+    memory, else what does (never below one context)."""
+    n_ctx = min(n_ctx, int(model_config.get("max_position_embeddings") or n_ctx))
+    parallel = max(1, parallel)
+    if kv_tokens <= 0:
+        try:
+            import psutil
 
-        budget = psutil.virtual_memory().available // 2 // io.bytes_per_token
-    except (ImportError, OSError):
-        budget = 16384
-    return max(n_ctx, min(parallel * n_ctx, int(budget)))
+            budget = psutil.virtual_memory().available // 2 // io.bytes_per_token
+        except (ImportError, OSError):
+            budget = 16384
+        kv_tokens = min(parallel * n_ctx, int(budget))
+    return Capacity(
+        max_num_seqs=parallel, max_num_batched_tokens=batch_tokens, kv_tokens=max(kv_tokens, n_ctx), n_ctx=n_ctx
+    )
 
 
-def read_model_config(folder: Path) -> dict[str, object]:
+def read_model_config(folder: Path) -> dict[str, Any]:
     """The folder's config.json (model_type, max_position_embeddings), or {}."""
     path = folder / "config.json"
     try:

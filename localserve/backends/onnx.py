@@ -17,11 +17,10 @@ from localserve.backends.base import BackendInfo
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.kv_decoder import (
     KvDecoderBackend,
-    default_kv_tokens,
     describe_io,
+    plan_capacity,
     read_model_config,
 )
-from localserve.engine.types import Capacity
 from localserve.errors import DeviceNotFoundError, LocalServeError
 
 #: device name -> execution provider, best first for `auto`.
@@ -108,13 +107,13 @@ class OnnxBackend(KvDecoderBackend):
         self._output_names = ["logits", *io.present_names]
         folder = path.parent
         self._model_config = read_model_config(folder)
-        n_ctx = min(config.n_ctx, int(self._model_config.get("max_position_embeddings") or config.n_ctx))
-        parallel = max(1, config.parallel)
-        capacity = Capacity(
-            max_num_seqs=parallel,
-            max_num_batched_tokens=config.batch_tokens,
-            kv_tokens=default_kv_tokens(io, parallel, n_ctx, config.kv_tokens),
-            n_ctx=n_ctx,
+        capacity = plan_capacity(
+            io,
+            self._model_config,
+            n_ctx=config.n_ctx,
+            parallel=config.parallel,
+            kv_tokens=config.kv_tokens,
+            batch_tokens=config.batch_tokens,
         )
         super().__init__(io, HFTokenizer(folder), capacity)
 

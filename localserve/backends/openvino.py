@@ -16,8 +16,7 @@ import numpy as np
 
 from localserve.backends.base import BackendInfo
 from localserve.backends.hf_tokenizer import HFTokenizer
-from localserve.backends.kv_decoder import KvDecoderBackend, default_kv_tokens, describe_io, read_model_config
-from localserve.engine.types import Capacity
+from localserve.backends.kv_decoder import KvDecoderBackend, describe_io, plan_capacity, read_model_config
 from localserve.errors import DeviceNotFoundError, LocalServeError
 
 #: `auto` takes the first present device of this order.
@@ -101,13 +100,13 @@ class OpenVinoBackend(KvDecoderBackend):
         self._request = self._compiled.create_infer_request()
         self._outputs = [self._compiled.output(name) for name in ("logits", *io.present_names)]
         self._model_config = read_model_config(path.parent)
-        n_ctx = min(config.n_ctx, int(self._model_config.get("max_position_embeddings") or config.n_ctx))
-        parallel = max(1, config.parallel)
-        capacity = Capacity(
-            max_num_seqs=parallel,
-            max_num_batched_tokens=config.batch_tokens,
-            kv_tokens=default_kv_tokens(io, parallel, n_ctx, config.kv_tokens),
-            n_ctx=n_ctx,
+        capacity = plan_capacity(
+            io,
+            self._model_config,
+            n_ctx=config.n_ctx,
+            parallel=config.parallel,
+            kv_tokens=config.kv_tokens,
+            batch_tokens=config.batch_tokens,
         )
         super().__init__(io, HFTokenizer(path.parent), capacity)
 

@@ -264,8 +264,9 @@ async def run_bench(
     summaries = []
     async with LoadRunner(base_url, workload, classes, api_key=api_key, seed=seed, timeout_s=timeout_s) as runner:
         warm = await runner.warmup(warmup)
-        if any(r.error for r in warm):
-            raise SystemExit(f"localserve: error: warm-up request failed: {warm[0].error}")
+        errors = [r.error for r in warm if r.error]
+        if errors:
+            raise SystemExit(f"localserve: error: warm-up request failed: {errors[0]}")
         for i, level in enumerate(levels):
             if i:
                 # Requests cut off at the end of the last level may still hold the server

@@ -99,7 +99,9 @@ class LoadRunner:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> LoadRunner:
-        connector = aiohttp.TCPConnector(limit=0)  # no client-side cap on concurrent streams
+        # No client-side cap on concurrent streams, and one connection per request: some servers
+        # (llama-server) close a connection after a stream, and reusing it would fail the next request.
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self
 

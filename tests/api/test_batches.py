@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from localserve.api.batch_service import JOBS
+from localserve.api.leases import LIFECYCLE
 from tests.api.harness import MODEL_ID, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line.strip()]
 
 
-def test_round_trip_every_custom_id_once(client: openai.OpenAI, http: httpx.Client) -> None:
+def test_round_trip_every_custom_id_once(client: openai.OpenAI, http: httpx.Client, server: ServerThread) -> None:
     lines = [chat_line(f"req-{i}", f"Name a color. ({i})", temperature=0) for i in range(24)]
     lines[0]["body"]["stream"] = True  # a batch answers whole: stream is ignored
     input_id = upload(client, lines)
@@ -74,6 +75,9 @@ def test_round_trip_every_custom_id_once(client: openai.OpenAI, http: httpx.Clie
         assert body["object"] == "chat.completion" and body["model"] == MODEL_ID
         assert body["choices"][0]["message"]["content"] and 1 <= body["usage"]["completion_tokens"] <= 8
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+    lifecycle = server.app.get(LIFECYCLE)
+    if lifecycle is not None:  # every line gave back its hold on the model
+        assert server.call(lambda: lifecycle.records[MODEL_ID].num_users) == 0
     stats = http.get("/api/v1/stats").json()["batches"]
     assert {"id": batch.id, "status": "completed", "endpoint": "/v1/chat/completions", "model": MODEL_ID,
             "request_counts": {"total": 24, "completed": 24, "failed": 0}, "created_at": batch.created_at} in stats  # fmt: skip
