@@ -164,6 +164,8 @@ def main() -> None:
         "p95_ratio": round(p95_busy / p95_idle, 2),
         "batch_lines_per_s_meanwhile": round(lines_per_s, 2),
         "batch_still_running_at_end": still_running,
+        "ttft_idle_s": [round(v, 3) for v in idle],
+        "ttft_batch_s": [round(v, 3) for v in busy],
     }
     print(json.dumps(report, indent=2))
 

@@ -206,18 +206,46 @@ def priority_levels(args: argparse.Namespace) -> list[Level]:
     return [Level("concurrency", b, probe=probe) for b in args.batch_loads]
 
 
-async def bench_server(args: argparse.Namespace, url: str, *, with_priority: bool) -> dict[str, Any]:
+class CpuMeter:
+    """CPU seconds (user + system) a server process spends per level: unlike
+    wall time, hardly changed by other load on a shared machine."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.started = 0.0
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
+
+    def start(self, _level: Any = None) -> None:
+        self.started = self.cpu_s()
+
+    def stop(self, summary: dict[str, Any]) -> None:
+        used = self.cpu_s() - self.started
+        s = summary["all"]
+        num_tokens = s["output_tokens_per_s"] * s["duration_s"]
+        summary["server_cpu_s"] = round(used, 2)
+        summary["server_cpu_ms_per_output_token"] = round(used * 1e3 / num_tokens, 2) if num_tokens else None
+        progress(summary)
+
+
+async def bench_server(args: argparse.Namespace, url: str, pid: int, *, with_priority: bool) -> dict[str, Any]:
     workload = Workload(MODEL_ID, "completions", args.prompt_tokens, args.output_tokens, True, 0.0)
     slo = Slo(args.slo_ttft_ms / 1e3, args.slo_itl_ms / 1e3)
+    meter = CpuMeter(pid)
     sweep = await run_bench(
         url,
         workload,
         [RequestClass("default")],
         sweep_levels(args),
         slo,
+        seed=args.seed + 1,
         warmup=2,
         pause_s=args.pause,
-        on_level=progress,
+        on_level=meter.stop,
+        on_level_start=meter.start,
     )
     if not with_priority:
         return {"sweep": sweep, "priority": {"levels": []}}
@@ -227,6 +255,7 @@ async def bench_server(args: argparse.Namespace, url: str, *, with_priority: boo
         [RequestClass("batch", "batch")],
         priority_levels(args),
         slo,
+        seed=args.seed + 2,  # prompts unlike the sweep's, which a prefix cache could still hold
         warmup=0,
         pause_s=args.pause,
         on_level=progress,
@@ -235,9 +264,10 @@ async def bench_server(args: argparse.Namespace, url: str, *, with_priority: boo
 
 
 def progress(summary: dict[str, Any]) -> None:
+    cpu = summary.get("server_cpu_ms_per_output_token")
     for name, s in summary["classes"].items():
         print(
-            f"    {summary['label']:<28} {name:<12} {s['num_completed']:>3} ok {s['num_failed']} failed "
+            f"    {summary['label']:<28} {name:<12} {s['num_completed']:>3} ok {s['num_failed']} failed cpu {cpu} ms/tok "
             f"{s['output_tokens_per_s']:7.1f} tok/s  TTFT p95 {s['ttft_ms']['p95']} ms  "
             f"TPOT p50 {s['tpot_ms']['p50']} ms  out {s['mean_output_tokens']}  load {summary['loadavg']:.1f}",
             flush=True,
@@ -258,7 +288,9 @@ def run_all(args: argparse.Namespace) -> None:
             started = time.time()
             log_path = CACHE / "logs" / f"{args.tag}-{name}-r{repeat}.log"
             with RunningServer(spec, port, log_path, args.env) as server:
-                result = asyncio.run(bench_server(args, server.url, with_priority=name in args.priority_servers))
+                assert server.process is not None
+                with_priority = name in args.priority_servers
+                result = asyncio.run(bench_server(args, server.url, server.process.pid, with_priority=with_priority))
             result["server"] = {"name": name, "argv": spec.argv, "env": args.env, "version": server_version(name, args)}
             result["repeat"] = repeat
             result["wall_s"] = round(time.time() - started, 1)
@@ -299,6 +331,7 @@ METRICS = {  # name -> path into a class summary
     "goodput_requests_per_s": ("goodput_requests_per_s",),
     "mean_output_tokens": ("mean_output_tokens",),
     "num_failed": ("num_failed",),
+    "server_cpu_ms_per_output_token": ("server_cpu_ms_per_output_token",),
 }
 
 
@@ -328,7 +361,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         probe: dict[str, list[dict[str, Any]]] = {}
         for run in mine:
             for level in run["sweep"]["levels"]:
-                sweep.setdefault(f"{level['value']:g}", []).append(level["all"])
+                cpu = {"server_cpu_ms_per_output_token": level.get("server_cpu_ms_per_output_token")}
+                sweep.setdefault(f"{level['value']:g}", []).append({**level["all"], **cpu})
             for level in run["priority"]["levels"]:
                 probe.setdefault(f"{level['value']:g}", []).append(level["classes"].get("interactive", {}))
         loads = [r["sweep"]["meta"]["loadavg_start"][0] for r in mine]
@@ -362,23 +396,21 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     one = lambda srv, m: (srv or {}).get("sweep", {}).get("1", {}).get(m)  # noqa: E731
     add("single-stream TTFT p50 vs llama-server", ratio(one(ls, "ttft_p50_ms"), one(ref, "ttft_p50_ms")), 1.15, False)
     add("single-stream ITL p50 vs llama-server", ratio(one(ls, "itl_p50_ms"), one(ref, "itl_p50_ms")), 1.15, False)
-    probe = (ls or {}).get("interactive_under_batch", {})
-    idle = probe.get("0", {}).get("ttft_p95_ms")
-    for load, values in probe.items():
-        if load != "0":
-            add(
-                f"localserve interactive TTFT p95 under {load} batch streams vs idle",
-                ratio(values.get("ttft_p95_ms"), idle),
-                1.5,
-                False,
-            )
+    for name, srv in (("localserve", ls), ("llama-server (FIFO, for contrast)", ref)):
+        probe = (srv or {}).get("interactive_under_batch", {})
+        idle = probe.get("0", {}).get("ttft_p95_ms")
+        for load, values in probe.items():
+            if load != "0":
+                what = f"{name}: interactive TTFT p95 under {load} batch streams vs idle"
+                add(what, ratio(values.get("ttft_p95_ms"), idle), 1.5, False)
     return out
 
 
 def markdown_summary(summary: dict[str, Any], checks: list[dict[str, Any]]) -> str:
     lines = [
-        "| server | streams | out tok/s | req/s | TTFT p50 / p95 ms | ITL p50 / p95 ms | E2E p50 / p95 s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| server | streams | out tok/s | req/s | TTFT p50 / p95 ms | ITL p50 / p95 ms | E2E p50 / p95 s "
+        "| server CPU ms / out token |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, srv in summary["servers"].items():
         for c, m in srv["sweep"].items():
@@ -386,9 +418,18 @@ def markdown_summary(summary: dict[str, Any], checks: list[dict[str, Any]]) -> s
             lines.append(
                 f"| {name} | {c} | {m['output_tokens_per_s']} | {m['requests_per_s']} "
                 f"| {m['ttft_p50_ms']} / {m['ttft_p95_ms']} | {m['itl_p50_ms']} / {m['itl_p95_ms']} "
-                f"| {' / '.join('-' if v is None else f'{v / 1e3:.2f}' for v in lat)} |"
+                f"| {' / '.join('-' if v is None else f'{v / 1e3:.2f}' for v in lat)} "
+                f"| {m['server_cpu_ms_per_output_token']} |"
             )
-    lines += [
+    if _loads(summary):
+        lines += _probe_table(summary)
+    lines += ["", "| target | ratio | bound | met |", "|---|---:|---:|---|"]
+    lines += [f"| {c['target']} | {c['ratio']} | {c['bound']} | {c['met']} |" for c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def _probe_table(summary: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "Interactive requests (probe) under a batch-priority load, TTFT p50 / p95 ms:",
         "",
@@ -396,13 +437,13 @@ def markdown_summary(summary: dict[str, Any], checks: list[dict[str, Any]]) -> s
         "|---|" + "---:|" * len(_loads(summary)),
     ]
     for name, srv in summary["servers"].items():
+        if not srv["interactive_under_batch"]:
+            continue
         cells = [srv["interactive_under_batch"].get(b, {}) for b in _loads(summary)]
         lines.append(
             f"| {name} | " + " | ".join(f"{c.get('ttft_p50_ms')} / {c.get('ttft_p95_ms')}" for c in cells) + " |"
         )
-    lines += ["", "| target | ratio | bound | met |", "|---|---:|---:|---|"]
-    lines += [f"| {c['target']} | {c['ratio']} | {c['bound']} | {c['met']} |" for c in checks]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _loads(summary: dict[str, Any]) -> list[str]:
@@ -511,6 +552,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--probe-delay", type=float, default=3.0, help="head start of the batch load (default: 3 s)")
     add("--slo-ttft-ms", type=float, default=1000.0, help="goodput SLO on TTFT (default: 1000)")
     add("--slo-itl-ms", type=float, default=100.0, help="goodput SLO on time per output token (default: 100)")
+    add("--seed", type=int, default=0, help="seed of prompts and arrivals (default: 0)")
     add("--pause", type=float, default=2.0, help="idle seconds between levels (default: 2)")
     add("--llama-server", type=Path, default=LLAMA_SERVER, help=f"llama-server binary (default: {LLAMA_SERVER})")
     add("--build-llama-server", action="store_true", help="download and build llama-server, then exit")

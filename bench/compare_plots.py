@@ -95,7 +95,7 @@ def plot_all(summary: dict[str, Any], docs: Path, tag: str) -> list[Path]:
     def name(kind: str) -> Path:
         return docs / (f"bench-{kind}.png" if tag == "smollm2" else f"bench-{tag}-{kind}.png")
 
-    return [
+    paths = [
         _plot(
             summary,
             "sweep",
@@ -117,14 +117,18 @@ def plot_all(summary: dict[str, Any], docs: Path, tag: str) -> list[Path]:
             log_x=True,
             log_y=True,
         ),
-        _plot(
-            summary,
-            "interactive_under_batch",
-            "ttft_p95_ms",
-            title="Interactive TTFT p95 under a batch-priority load",
-            xlabel="batch streams (0 = idle)",
-            ylabel="interactive TTFT p95 (ms)",
-            path=name("interactive-ttft"),
-            log_y=True,
-        ),
     ]
+    if any(server["interactive_under_batch"] for server in summary["servers"].values()):
+        paths.append(
+            _plot(
+                summary,
+                "interactive_under_batch",
+                "ttft_p95_ms",
+                title="Interactive TTFT p95 under a batch-priority load",
+                xlabel="batch streams (0 = idle)",
+                ylabel="interactive TTFT p95 (ms)",
+                path=name("interactive-ttft"),
+                log_y=True,
+            )
+        )
+    return paths

@@ -45,6 +45,7 @@ MAX_COUNT = 100_000  # a width, padding or count argument
 
 _STEP, _OUT, _CONCAT = "__localserve_step__", "__localserve_out__", "__localserve_concat__"
 _HUGE_WIDTH = re.compile(r"\d{6,}|%[-#0 +]*\*|\{[^{}]*\{")  # 6+ digit widths, `%*d`, nested `{:{w}}`
+_SEQUENCES = (str, list, tuple)
 _COUNT_ARGS = {"center": 0, "ljust": 0, "rjust": 0, "zfill": 0, "indent": 0, "expandtabs": 0, "batch": 0, "slice": 0}
 
 
@@ -76,6 +77,8 @@ def _step() -> None:
 def text_size(value: Any, limit: int = MAX_VALUE_CHARS) -> int:
     """About `len(str(value))`, counting shared parts each time they appear;
     stops counting past `limit`."""
+    if isinstance(value, str):  # the common case, first
+        return len(value)
     total, stack = 0, [value]
     while stack and total <= limit:
         item = stack.pop()
@@ -125,7 +128,10 @@ def _check_operation(name: str, subject: Any, args: tuple[Any, ...], kwargs: dic
 
 
 def _check_binop(operator: str, left: Any, right: Any) -> None:
-    if isinstance(left, int) and isinstance(right, int):
+    if operator == "+" and isinstance(left, str) and isinstance(right, str):  # the common case, first
+        if len(left) + len(right) > MAX_VALUE_CHARS:
+            raise TemplateLimitError(f"'+' would make a value over {MAX_VALUE_CHARS} characters")
+    elif isinstance(left, int) and isinstance(right, int):
         bits = (
             abs(left).bit_length() * max(0, right)
             if operator == "**"
@@ -133,9 +139,12 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
         )
         if bits > MAX_INT_BITS:
             raise TemplateLimitError(f"'{operator}' would make a number of about {bits} bits")
-    elif operator == "*" and isinstance(left, int) != isinstance(right, int):
-        count, seq = (left, right) if isinstance(left, int) else (right, left)
-        if max(0, count) * text_size(seq, MAX_VALUE_CHARS // max(1, count)) > MAX_VALUE_CHARS:
+    elif operator == "*" and isinstance(left, _SEQUENCES) != isinstance(right, _SEQUENCES):
+        count, seq = (left, right) if isinstance(right, _SEQUENCES) else (right, left)
+        if (
+            isinstance(count, int)
+            and max(0, count) * text_size(seq, MAX_VALUE_CHARS // max(1, count)) > MAX_VALUE_CHARS
+        ):
             raise TemplateLimitError("'*' would make a value over the limit")
     elif operator == "%" and isinstance(left, str):
         _check_operation("format", left, (right,), {})

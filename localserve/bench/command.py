@@ -242,8 +242,11 @@ async def run_bench(
     pause_s: float = 1.0,
     timeout_s: float = 600.0,
     on_level: Callable[[dict[str, Any]], None] | None = None,
+    on_level_start: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
-    """Run `levels` one after another against `base_url`; the JSON document."""
+    """Run `levels` one after another against `base_url`; the JSON document.
+    `on_level_start(level)` and `on_level(summary)` bracket each level (the
+    summary may be amended, e.g. with the server's CPU time)."""
     from localserve import __version__
     from localserve.bench.report import summarize_level
     from localserve.bench.runner import LoadRunner
@@ -273,6 +276,8 @@ async def run_bench(
                 # (a FIFO server runs queued ones until it notices); one tiny request waits that out.
                 await runner.warmup(1, output_tokens=1)
                 await asyncio.sleep(pause_s)
+            if on_level_start is not None:
+                on_level_start(level)
             summary = summarize_level(await runner.run(level), slo)
             summary["loadavg"] = os.getloadavg()[0]
             summaries.append(summary)

@@ -141,7 +141,7 @@ LEGIT = {
         "{% for m in messages %}{{ line(m.role, m.content) }}\n{% endfor %}"
         "{{ messages|map(attribute='role')|join(',') }}|{{ messages|length }}|{{ '%s-%d' % ('n', 4) }}"
         "|{{ '{}/{}'.format(1, 2) }}|{{ messages[0]|tojson }}|{{ (messages|selectattr('role', 'eq', 'user')|list)|length }}"
-        "|{{ 'abc'.center(9) }}|{{ 2 ** 10 }}|{{ [1, 2] * 2 }}|{{ range(3)|list }}"
+        "|{{ 'abc'.center(9) }}|{{ 2 ** 10 }}|{{ [1, 2] * 2 }}|{{ range(3)|list }}|{{ 300000 * 1.5 }}|{{ 2 ** 0.5 }}"
     ),
 }
 
