@@ -167,7 +167,8 @@ def main() -> None:
         "ttft_idle_s": [round(v, 3) for v in idle],
         "ttft_batch_s": [round(v, 3) for v in busy],
     }
-    print(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if isinstance(v, list)}))
 
 
 if __name__ == "__main__":

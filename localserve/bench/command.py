@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import math
-import os
-import platform
-import sys
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,14 +140,26 @@ def add_bench_command(subparsers: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from localserve.bench.session import BenchError
+    from localserve.cli import CliError
+
+    try:
+        return _bench(args)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _bench(args: argparse.Namespace) -> int:
     from localserve.bench.report import Slo, markdown_table
     from localserve.bench.runner import Probe
+    from localserve.bench.session import BenchError, build_levels, describe, first_model, print_progress, run_bench
     from localserve.bench.workload import RequestClass, Workload, parse_mix
 
     try:
         classes = parse_mix(args.priority_mix)
+        probe_priority = parse_mix(args.probe_priority)[0].priority
     except ValueError as exc:
-        raise SystemExit(f"localserve: error: --priority-mix: {exc}") from None
+        raise BenchError(f"--priority-mix / --probe-priority: {exc}") from None
     model = args.model or first_model(args.url, args.api_key)
     workload = Workload(
         model,
@@ -167,9 +172,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     probe = None
     if args.probe_rate > 0:
-        probe_class = RequestClass(f"probe-{args.probe_priority}", parse_mix(args.probe_priority)[0].priority)
         probe = Probe(
-            probe_class,
+            RequestClass(f"probe-{args.probe_priority}", probe_priority),
             args.probe_rate,
             args.probe_requests,
             args.probe_output_tokens,
@@ -191,7 +195,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             pause_s=args.pause,
             timeout_s=args.timeout,
-            on_level=_print_progress,
+            on_level=print_progress,
         )
     )
     if args.json_path:
@@ -203,108 +207,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(markdown_table(document["levels"]))
     failed = sum(level["all"]["num_failed"] for level in document["levels"])
     return 1 if failed else 0
-
-
-def build_levels(
-    concurrency: Sequence[float], rates: Sequence[float], num_requests: int, duration_s: float, probe: Any = None
-) -> list[Any]:
-    """The levels of a run, closed-loop ones first."""
-    from localserve.bench.runner import Level
-
-    def count(auto: int) -> int:
-        return 0 if (duration_s or probe) else (num_requests or auto)
-
-    levels = [Level("concurrency", c, count(max(8, int(4 * c))), duration_s, probe) for c in concurrency]
-    levels += [Level("rate", r, count(max(8, math.ceil(20 * r))), duration_s, probe) for r in rates if r > 0]
-    if any(lv.value == 0 and lv.probe is None for lv in levels):
-        raise SystemExit("localserve: error: a level of 0 needs a probe (--probe-rate)")
-    return levels
-
-
-def describe(workload: Any) -> str:
-    fixed = "fixed" if workload.fixed_output else "up to"
-    return (
-        f"{workload.endpoint}, prompt ~{workload.prompt_tokens} tokens, {fixed} {workload.output_tokens} "
-        f"output tokens, temperature {workload.temperature:g}"
-    )
-
-
-async def run_bench(
-    base_url: str,
-    workload: Any,
-    classes: Sequence[Any],
-    levels: Sequence[Any],
-    slo: Any,
-    *,
-    api_key: str | None = None,
-    seed: int = 0,
-    warmup: int = 1,
-    pause_s: float = 1.0,
-    timeout_s: float = 600.0,
-    on_level: Callable[[dict[str, Any]], None] | None = None,
-    on_level_start: Callable[[Any], None] | None = None,
-) -> dict[str, Any]:
-    """Run `levels` one after another against `base_url`; the JSON document.
-    `on_level_start(level)` and `on_level(summary)` bracket each level (the
-    summary may be amended, e.g. with the server's CPU time)."""
-    from localserve import __version__
-    from localserve.bench.report import summarize_level
-    from localserve.bench.runner import LoadRunner
-
-    meta = {
-        "url": base_url,
-        "workload": dataclasses.asdict(workload),
-        "classes": [dataclasses.asdict(c) for c in classes],
-        "slo": dataclasses.asdict(slo),
-        "seed": seed,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "loadavg_start": os.getloadavg(),
-        "cpu_count": os.cpu_count(),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "localserve": __version__,
-    }
-    summaries = []
-    async with LoadRunner(base_url, workload, classes, api_key=api_key, seed=seed, timeout_s=timeout_s) as runner:
-        warm = await runner.warmup(warmup)
-        errors = [r.error for r in warm if r.error]
-        if errors:
-            raise SystemExit(f"localserve: error: warm-up request failed: {errors[0]}")
-        for i, level in enumerate(levels):
-            if i:
-                # Requests cut off at the end of the last level may still hold the server
-                # (a FIFO server runs queued ones until it notices); one tiny request waits that out.
-                await runner.warmup(1, output_tokens=1)
-                await asyncio.sleep(pause_s)
-            if on_level_start is not None:
-                on_level_start(level)
-            summary = summarize_level(await runner.run(level), slo)
-            summary["loadavg"] = os.getloadavg()[0]
-            summaries.append(summary)
-            if on_level is not None:
-                on_level(summary)
-    meta["loadavg_end"] = os.getloadavg()
-    return {"meta": meta, "levels": summaries}
-
-
-def first_model(base_url: str, api_key: str | None) -> str:
-    """The first model a server lists, for when --model is not given."""
-    import urllib.request
-
-    request = urllib.request.Request(base_url.rstrip("/") + "/v1/models")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return str(json.load(response)["data"][0]["id"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise SystemExit(f"localserve: error: cannot list the models at {base_url} ({exc}); pass --model") from None
-
-
-def _print_progress(summary: dict[str, Any]) -> None:
-    s = summary["all"]
-    print(
-        f"  {summary['label']}: {s['num_completed']} done, {s['num_failed']} failed, "
-        f"{s['output_tokens_per_s']:.1f} out tok/s, TTFT p95 {s['ttft_ms']['p95']} ms",
-        file=sys.stderr,
-    )

@@ -130,8 +130,9 @@ async def _run_lines(
             line = result_line(new_id("batch_req_"), ref.custom_id, result.status_code, result.request_id, body_json)
             journal.add(ref.custom_id, line, ok=result.status_code == 200)
             if progress is not None:
-                usage = result.usage()
-                progress.advance(ok=result.status_code == 200, num_tokens=usage.get("output_tokens", 0))
+                usage = result.usage()  # embeddings produce no output tokens: count what they read
+                num_tokens = usage.get("output_tokens") or usage.get("input_tokens", 0)
+                progress.advance(ok=result.status_code == 200, num_tokens=num_tokens)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(limit, len(pending))))]
     try:
@@ -221,9 +222,14 @@ def _publish(fsspec: Any, summary: Summary, existing: list[str], journal: Journa
     done = {_custom_id(line) for line in existing} | set(journal.outputs)
     errors = [journal.errors[c] for c in sorted(journal.errors, key=lambda c: order.get(c, 0)) if c not in done]
     summary.num_completed, summary.num_failed = len(outputs), len(errors)
-    _write_whole(fsspec, summary.output_url, [*existing, *outputs])
+    if outputs or not existing:
+        _write_whole(fsspec, summary.output_url, [*existing, *outputs])
     if errors:
         _write_whole(fsspec, summary.errors_url, errors)
+    else:  # an errors file of an earlier run whose failures have now been answered
+        fs, path = fsspec.core.url_to_fs(summary.errors_url)
+        if fs.exists(path):
+            fs.rm(path)
 
 
 def _write_whole(fsspec: Any, url: str, lines: list[str]) -> None:

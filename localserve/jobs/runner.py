@@ -180,19 +180,29 @@ class BatchRunner:
         self.notify(updated)
 
     async def _execute(self, batch: BatchRecord) -> None:
-        batch = await self.store.call(self.store.get_batch, batch.id)  # fresh: a cancel may have come in
-        if batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING):
-            return
-        outcome = BatchStatus.COMPLETED
-        if batch.status is BatchStatus.IN_PROGRESS:
-            stop = self._stops[batch.id] = asyncio.Event()
-            try:
+        # The stop event exists before the status is read: a cancel that comes
+        # meanwhile is not lost.
+        stop = self._stops[batch.id] = asyncio.Event()
+        try:
+            batch = await self.store.call(self.store.get_batch, batch.id)
+            if batch.status is BatchStatus.FINALIZING:  # caught by a restart
+                outcome = BatchStatus.COMPLETED
+            elif batch.status is BatchStatus.IN_PROGRESS:
                 outcome = await self._run_lines(batch, stop)
-            finally:
-                del self._stops[batch.id]
-        if outcome is BatchStatus.COMPLETED:
-            self._update(await self.store.call(self.store.set_status, batch.id, BatchStatus.FINALIZING))
-        await self._finalize(batch.id, outcome)
+                if outcome is BatchStatus.COMPLETED:
+                    expect = (BatchStatus.IN_PROGRESS,)
+                    updated = await self.store.call(
+                        self.store.set_status, batch.id, BatchStatus.FINALIZING, expect=expect
+                    )
+                    self._update(updated)
+                    if updated.status is BatchStatus.CANCELLING:  # cancelled as the last line ended
+                        outcome = BatchStatus.CANCELLED
+            else:
+                return  # cancelling: housekeeping finalizes it
+            await self._finalize(batch.id, outcome)
+        finally:
+            del self._stops[batch.id]
+            self._housekeeping_due.set()  # whatever this claim kept it from
 
     async def _run_lines(self, batch: BatchRecord, stop: asyncio.Event) -> BatchStatus:
         for _ in range(MAX_PASSES):

@@ -71,61 +71,61 @@ def _numbered_lines(f: BinaryIO) -> Iterator[tuple[int, int, bytes]]:
 
 
 def _check_lines(lines: Iterable[tuple[int, int, bytes]], result: Validation, limits: Limits) -> None:
-    first_line_of: dict[str, int] = {}  # custom_id -> line
-    model_line = 0
-    num_inputs = 0
+    batch = _BatchCheck(result, limits)
     for num_seen, (line_no, offset, raw) in enumerate(lines):
         if num_seen >= limits.max_lines:
-            result.add(
-                BatchError(
-                    "too_many_requests",
-                    f"The input file has more than {limits.max_lines} requests; split it into several batches.",
-                )
-            )
+            message = f"The input file has more than {limits.max_lines} requests; split it into several batches."
+            result.add(BatchError("too_many_requests", message))
             return
         request = _check_line(raw, line_no, result)
         if request is None:
             continue
         custom_id, body = request
-        if custom_id in first_line_of:
-            result.add(
-                BatchError(
-                    "duplicate_custom_id",
-                    f"The custom_id {custom_id!r} is a duplicate of the one on line {first_line_of[custom_id]}; "
-                    "each request of a batch needs its own custom_id.",
-                    line_no,
-                    "custom_id",
-                )
+        if batch.fits(line_no, custom_id, body):
+            result.lines.append(LineRef(line_no, custom_id, offset, len(raw)))
+        elif batch.over_limit:
+            return
+
+
+class _BatchCheck:
+    """What each line is checked against: the lines before it."""
+
+    def __init__(self, result: Validation, limits: Limits) -> None:
+        self.result = result
+        self.limits = limits
+        self.first_line_of: dict[str, int] = {}  # custom_id -> line
+        self.model_line = 0
+        self.num_inputs = 0
+        self.over_limit = False
+
+    def fits(self, line_no: int, custom_id: str, body: dict[str, Any]) -> bool:
+        """Unique custom_id, the batch's one model, within the input limit."""
+        result = self.result
+        if custom_id in self.first_line_of:
+            message = (
+                f"The custom_id {custom_id!r} is a duplicate of the one on line {self.first_line_of[custom_id]}; "
+                "each request of a batch needs its own custom_id."
             )
-            continue
-        first_line_of[custom_id] = line_no
-        model = body["model"]
+            result.add(BatchError("duplicate_custom_id", message, line_no, "custom_id"))
+            return False
+        self.first_line_of[custom_id] = line_no
         if result.model is None:
-            result.model, model_line = model, line_no
-        elif model != result.model:
-            result.add(
-                BatchError(
-                    "mismatched_model",
-                    f"The model {model!r} differs from {result.model!r} on line {model_line}; "
-                    "all requests of a batch use one model.",
-                    line_no,
-                    "body.model",
-                )
+            result.model, self.model_line = body["model"], line_no
+        elif body["model"] != result.model:
+            message = (
+                f"The model {body['model']!r} differs from {result.model!r} on line {self.model_line}; "
+                "all requests of a batch use one model."
             )
-            continue
+            result.add(BatchError("mismatched_model", message, line_no, "body.model"))
+            return False
         if result.endpoint == "/v1/embeddings":
-            num_inputs += _num_embedding_inputs(body)
-            if num_inputs > limits.max_embedding_inputs:
-                result.add(
-                    BatchError(
-                        "too_many_inputs",
-                        f"The batch has more than {limits.max_embedding_inputs} embedding inputs in all.",
-                        line_no,
-                        "body.input",
-                    )
-                )
-                return
-        result.lines.append(LineRef(line_no, custom_id, offset, len(raw)))
+            self.num_inputs += _num_embedding_inputs(body)
+            if self.num_inputs > self.limits.max_embedding_inputs:
+                message = f"The batch has more than {self.limits.max_embedding_inputs} embedding inputs in all."
+                result.add(BatchError("too_many_inputs", message, line_no, "body.input"))
+                self.over_limit = True
+                return False
+        return True
 
 
 def _check_line(raw: bytes, line_no: int, result: Validation) -> tuple[str, dict[str, Any]] | None:

@@ -26,7 +26,7 @@ def add_export_command(subparsers: Any) -> None:
         dest="formats",
         choices=("onnx", "openvino", "both"),
         default="both",
-        help="the backend to export for (default: both; OpenVINO is converted from the ONNX graph)",
+        help="the backend to export for (default: both)",
     )
     parser.add_argument(
         "--precision",

@@ -15,7 +15,8 @@ import numpy as np
 import ollama
 import pytest
 
-from localserve.api.ollama_wire import OllamaOptions, ollama_sampling
+from localserve.api.ollama_wire import ChatLines, OllamaOptions, ollama_sampling
+from localserve.engine.types import FinishReason, TokenEvent
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 EMBED_MODEL = "all-minilm-l6-v2"
@@ -108,6 +109,21 @@ def test_options_map_to_sampling() -> None:
     too_small = OllamaOptions.model_validate({"num_ctx": 50, "num_predict": 10, "seed": 3})
     kept = ollama_sampling(too_small, num_prompt_tokens=100, n_ctx=2048, grammar=None)
     assert kept.max_tokens == 10 and kept.seed == 3  # a num_ctx under the prompt is not honoured
+
+
+def test_streamed_tool_call_lines() -> None:
+    lines = ChatLines("m", 0, tools=True)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    out = [line for ch in text for line in lines.add(TokenEvent("r", (1,), ch))]
+    out += lines.add(
+        TokenEvent("r", (), "", finish_reason=FinishReason.STOP, num_prompt_tokens=5, num_output_tokens=30)
+    )
+    calls = [line["message"]["tool_calls"] for line in out if "tool_calls" in line["message"]]
+    assert calls == [[{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]]
+    assert not any(line["message"]["content"] for line in out)
+    assert out[-1]["done"] is True and out[-1]["done_reason"] == "stop" and out[-1]["eval_count"] == 30
+    whole = lines.whole()
+    assert whole["message"]["tool_calls"] == calls[0] and whole["message"]["content"] == ""
 
 
 # ---- chat and generate ------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from localserve.bench.command import run_bench
 from localserve.bench.report import Slo, markdown_table
 from localserve.bench.runner import Level, Probe
+from localserve.bench.session import run_bench
 from localserve.bench.workload import RequestClass, Workload, parse_mix
 
 pytestmark = pytest.mark.slow

@@ -121,7 +121,9 @@ def test_batch_run_embeddings_on_local_files(tmp_path, monkeypatch, capsys) -> N
         )
     )  # fmt: skip
     output = tmp_path / "vectors.jsonl"
-    assert cli.main(["batch", "run", str(source), "-o", str(output), "--threads", "1", "--quiet"]) == 0, capsys.readouterr().err
+    assert cli.main(["batch", "run", str(source), "-o", str(output), "--threads", "1", "--quiet"]) == 0, (
+        capsys.readouterr().err
+    )
     answers = {a["custom_id"]: a["response"] for a in map(json.loads, output.read_text().splitlines())}
     assert sorted(answers) == ["e0", "e1", "e2"]
     assert all(a["status_code"] == 200 and a["body"]["object"] == "list" for a in answers.values())

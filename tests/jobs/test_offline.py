@@ -113,3 +113,16 @@ async def test_malformed_input_runs_nothing(tmp_path: Path) -> None:
         await run_file(source, str(tmp_path / "o.jsonl"), opener(FakeExecutor(), models), work_dir=tmp_path / "w")
     assert exc.value.validation.errors[0].line == 2
     assert models == [] and not (tmp_path / "o.jsonl").exists()
+
+
+async def test_a_rerun_answers_earlier_failures_and_drops_their_errors(tmp_path: Path) -> None:
+    source = write(tmp_path / "in.jsonl", [request_line("a", n=1), request_line("b", n=2, fail=True)])
+    output = tmp_path / "out.jsonl"
+    await run_file(source, str(output), opener(FakeExecutor(), []), work_dir=tmp_path / "w")
+    assert [e["custom_id"] for e in read_jsonl(tmp_path / "out.errors.jsonl")] == ["b"]
+    fixed = write(tmp_path / "in.jsonl", [request_line("a", n=1), request_line("b", n=2)])
+    again = FakeExecutor()
+    await run_file(fixed, str(output), opener(again, []), work_dir=tmp_path / "w")
+    assert again.calls == [2], "only the failed line runs again"
+    assert [line["custom_id"] for line in read_jsonl(output)] == ["a", "b"]
+    assert not (tmp_path / "out.errors.jsonl").exists()

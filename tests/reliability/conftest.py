@@ -145,4 +145,4 @@ def server_process(tmp_path: Path) -> Iterator[Any]:
 
 
 # The shared session server of the API tests (16 slots, API key), reused here.
-from tests.api.conftest import http, server  # noqa: E402,F401
+from tests.api.conftest import server  # noqa: E402,F401

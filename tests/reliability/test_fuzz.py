@@ -276,13 +276,16 @@ def test_jsonl_validation_accounts_for_every_line(tmp_path_factory: pytest.TempP
 @pytest.mark.xfail(
     reason="jobs/validate.py: json.loads raises RecursionError (not ValueError) on deep nesting; "
     "the runner then retries the validation forever",
-    raises=RecursionError,
     strict=True,
 )
 def test_jsonl_deeply_nested_line_is_an_error_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "deep.jsonl"
     path.write_bytes(b"[" * 100_000 + b"\n")
-    result = validate_file(path, None, Limits())
+    try:
+        result = validate_file(path, None, Limits())
+    except RecursionError:
+        result = None  # failed below, outside the handler: a RecursionError's traceback is too deep to show
+    assert result is not None, "validate_file raised RecursionError"
     assert not result.ok and result.errors[0].line == 1
 
 

@@ -1,0 +1,56 @@
+"""The server's line executor without a model: priority of batch lines, and
+how many lines it lets run while other requests use the model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from aiohttp import web
+
+from localserve.api.batch_service import BACKOFF_SHARE, AppLineExecutor, batch_priority
+from localserve.api.state import MANAGER
+from localserve.engine.types import Capacity
+
+
+class StubEngine:
+    def __init__(self) -> None:
+        self.running: dict[str, int] = {"batch": 8}
+        self.waiting: dict[str, int] = {}
+
+    def has_model(self, model_id: str) -> bool:
+        return model_id == "m"
+
+    def capacity(self, model_id: str) -> Capacity:
+        return Capacity(max_num_seqs=8, max_num_batched_tokens=512, kv_tokens=4096, n_ctx=512)
+
+    def stats(self) -> dict[str, Any]:
+        return {"m": {"running": self.running, "waiting": self.waiting}}
+
+
+def executor(engine: StubEngine, concurrency: int = 0) -> AppLineExecutor:
+    app = web.Application()
+    app[MANAGER] = SimpleNamespace(engine=engine)  # type: ignore[assignment]
+    return AppLineExecutor(app, concurrency)
+
+
+def test_batch_lines_are_never_more_urgent_than_batch() -> None:
+    assert batch_priority(None) == 2.0
+    assert batch_priority("interactive") == 2.0
+    assert batch_priority(0) == 2.0
+    assert batch_priority(5) == 5.0
+    assert batch_priority("nonsense") == "nonsense"  # left for the handler's own 400
+
+
+def test_slots_when_alone_a_share_while_others_use_the_model() -> None:
+    engine = StubEngine()
+    lines = executor(engine)
+    assert lines.max_in_flight("/v1/chat/completions", "m") == 8
+    engine.waiting = {"interactive": 1}
+    assert lines.max_in_flight("/v1/chat/completions", "m") == 8 // BACKOFF_SHARE
+    engine.waiting = {}
+    assert lines.max_in_flight("/v1/chat/completions", "m") == 8 // BACKOFF_SHARE, "held a moment after"
+    lines._others_seen_at -= 60
+    assert lines.max_in_flight("/v1/chat/completions", "m") == 8
+    assert lines.max_in_flight("/v1/chat/completions", "not-loaded") == 1
+    assert executor(engine, concurrency=3).max_in_flight("/v1/chat/completions", "m") == 3
