@@ -8,8 +8,8 @@ streaming chat requests sent one after another at a fixed pace:
 2. during a batch: a BATCH-line `/v1/batches` job runs in the background.
 
 It reports p50/p95 TTFT of both phases, their ratio (the goal is p95 within
-1.5x of idle) and the batch throughput meanwhile; the batch is cancelled
-at the end (unless --finish).
+1.5x of idle), and the batch's throughput while interactive requests come
+and then alone; the batch is cancelled at the end (unless --finish).
 
     python bench/batch_isolation.py [--lines 500] [--requests 30] [--parallel 8] [--threads 0]
 """
@@ -32,6 +32,7 @@ import httpx
 import openai
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKOFF_SETTLE_S = 3.0
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "What is 2 + 2?", "Say hello in Spanish."]
 
 
@@ -126,6 +127,7 @@ def main() -> None:
     parser.add_argument("--pace-s", type=float, default=0.5, help="one interactive request every S seconds")
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--alone-s", type=float, default=15.0, help="then measure the batch alone this long")
     parser.add_argument("--finish", action="store_true", help="let the batch finish and report its throughput")
     args = parser.parse_args()
 
@@ -142,6 +144,11 @@ def main() -> None:
             batch = client.batches.retrieve(batch_id)
             lines_per_s = (batch.request_counts.completed - done_before) / (time.perf_counter() - started)
             still_running = batch.status == "in_progress"
+            time.sleep(BACKOFF_SETTLE_S)  # the runner widens again once interactive requests are gone
+            alone_from, alone_started = batch.request_counts.completed, time.perf_counter()
+            time.sleep(args.alone_s)
+            alone = client.batches.retrieve(batch_id).request_counts.completed - alone_from
+            lines_per_s_alone = alone / (time.perf_counter() - alone_started)
             if args.finish:
                 while client.batches.retrieve(batch_id).status not in ("completed", "failed"):
                     time.sleep(1)
@@ -163,6 +170,7 @@ def main() -> None:
         "ttft_batch_p95_s": round(p95_busy, 4),
         "p95_ratio": round(p95_busy / p95_idle, 2),
         "batch_lines_per_s_meanwhile": round(lines_per_s, 2),
+        "batch_lines_per_s_alone": round(lines_per_s_alone, 2),
         "batch_still_running_at_end": still_running,
         "ttft_idle_s": [round(v, 3) for v in idle],
         "ttft_batch_s": [round(v, 3) for v in busy],

@@ -142,6 +142,8 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_MAX_BODY_BYTES": "1000",
         "LOCALSERVE_AGING": "5",
         "LOCALSERVE_SHUTDOWN_TIMEOUT": "2.5",
+        "LOCALSERVE_MAX_LOADED_MODELS": "2",
+        "LOCALSERVE_KEEP_ALIVE": "10m",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -161,6 +163,8 @@ def test_every_option_reads_its_env_var() -> None:
         max_body_bytes=1000,
         aging_s=5.0,
         shutdown_timeout_s=2.5,
+        max_loaded_models="2",
+        keep_alive="10m",
     )
 
 

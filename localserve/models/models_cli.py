@@ -48,7 +48,7 @@ def add_pull_command(subparsers: Any) -> None:
         "HF_HUB_OFFLINE.",
     )
     parser.add_argument("model", metavar="ID_OR_HF_URI", help="a catalog id, or hf://OWNER/REPO[@REVISION]/FILE")
-    parser.add_argument("--name", default=None, metavar="ID", help="store an hf:// pull under this id")
+    parser.add_argument("--name", default=None, metavar="ID", help="store an hf:// pull under this id (default: derived from the repo and file name)")
     parser.add_argument("--force", action="store_true", help="download again even if the store has it")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=cmd_pull)
