@@ -57,7 +57,7 @@ class BatcherStats:
                 "busy_s": round(self._busy_s, 4),
             }
         recent = [r for r in window if r[0] >= now - recent_s]
-        span = max(1e-3, min(recent_s, now - recent[0][0] + recent[0][4])) if recent else recent_s
+        span = max(1e-3, min(recent_s, now - recent[0][0] + recent[0][4])) if recent else max(recent_s, 1e-3)
         sizes = [r[1] for r in window]
         real = totals["real_size"]
         return {

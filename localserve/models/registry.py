@@ -77,7 +77,7 @@ class ModelSpec:
 
 
 def validate_model_id(model_id: str) -> str:
-    if not MODEL_ID_RE.match(model_id) or ".." in model_id:
+    if not MODEL_ID_RE.fullmatch(model_id) or ".." in model_id:
         raise InvalidRequestError(
             f"invalid model id {model_id!r}: use letters, digits, '.', '_', ':' and '-' (no path separators)",
             param="model",

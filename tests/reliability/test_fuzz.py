@@ -187,12 +187,7 @@ TRAVERSAL_IDS = [
     "../../etc/passwd", "..", "a/../b", "/etc/passwd", "..\\..\\windows", "%2e%2e%2f", "a\x00b",
     "mödel", "模型", "a" * 129, "a" * 10_000, "", " ", "-leading-dash", "a..b",
 ]  # fmt: skip
-TRAILING_NEWLINE = pytest.param(
-    "model\n",
-    marks=pytest.mark.xfail(
-        strict=True, reason="models/registry.py: MODEL_ID_RE is used with re.match and '$', so 'model\\n' passes"
-    ),
-)
+TRAILING_NEWLINE = pytest.param("model\n")  # was accepted by re.match + '$'; fixed with fullmatch
 
 
 @FUZZ
