@@ -3,7 +3,7 @@
 Both run in this process, with the same llama-cpp-python build, the same
 model, threads and batch sizes:
 
-* raw: one context, N sequences prefilled with the same-length prompts, then
+* raw: one context (one KV stream per sequence), N sequences prefilled with the same-length prompts, then
   a plain loop of `llama_decode` over N tokens + greedy sampling per sequence.
 * engine: N requests submitted at once to localserve's Engine (scheduler +
   step thread + asyncio dispatch), greedy, fixed output length.
@@ -41,11 +41,11 @@ def raw_decode_tps(model_path: str, n_seqs: int, n_prompt: int, n_gen: int, thre
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = max(n_seqs * (n_prompt + n_gen + 8), 1024)
+    cparams.n_ctx = max(n_seqs, 1) * max(n_prompt + n_gen + 8, 256)
     cparams.n_batch = 512
     cparams.n_ubatch = 512
     cparams.n_seq_max = max(n_seqs, 1)
-    cparams.kv_unified = True
+    cparams.kv_unified = n_seqs == 1  # one KV stream per sequence, as llama-server and our backend
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.no_perf = True
     ctx = llama_cpp.llama_init_from_model(model, cparams)

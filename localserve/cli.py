@@ -118,7 +118,7 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--max-queue", "max_queue", _int_at_least(0), "waiting requests per model before 503 + Retry-After", "N"),
     Option("--parallel", "parallel", _int_at_least(1), "sequences decoded together per model (KV slots)", "N"),
     Option("--ctx-size", "ctx_size", _int_at_least(16), "longest sequence (prompt + output) in tokens", "N"),
-    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells shared by all slots of a model; 0 = auto", "N"),
+    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells of a model, split evenly over its slots; 0 = ctx-size x parallel", "N"),
     Option("--batch-tokens", "batch_tokens", _int_at_least(1), "token budget of one engine step", "N"),
     Option("--threads", "threads", _int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
     Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),

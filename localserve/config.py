@@ -20,7 +20,7 @@ class ServerSettings:
     max_queue: int = 256  # waiting requests per model before 503
     parallel: int = 8  # sequences decoded together per model
     ctx_size: int = 4096  # longest sequence per slot
-    kv_size: int = 0  # KV cells per model (0: auto)
+    kv_size: int = 0  # KV cells per model, split over its slots (0: ctx_size * parallel)
     batch_tokens: int = 512  # token budget of one step
     threads: int = 0  # 0: all cores
     device: str = "auto"

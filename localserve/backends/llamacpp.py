@@ -40,7 +40,8 @@ class LlamaCppConfig:
     model_path: str
     n_ctx: int = 4096  # the longest sequence (prompt + output) one slot holds
     parallel: int = 8  # sequences decoded together (KV slots)
-    kv_tokens: int = 0  # KV cells shared by all slots; 0: min(n_ctx*parallel, 16k), at least n_ctx
+    kv_tokens: int = 0  # KV cells in all; 0: n_ctx*parallel (split) or min(n_ctx*parallel, 16k) (unified)
+    kv_unified: bool = False  # one KV pool for all slots instead of one stream per slot (see _open_context)
     batch_tokens: int = 512  # token budget of one step
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # auto | cpu | gpu
@@ -98,18 +99,31 @@ class LlamaCppBackend(GenerativeBackend):
         self._chains: dict[int, SamplerChain] = {}
 
     def _open_context(self, config: LlamaCppConfig) -> None:
+        """One KV stream per slot by default, as llama-server does.
+
+        With a unified pool every token of a step attends over all occupied cells
+        of every sequence (masked), so attention grows with the sum of all context
+        lengths: measured on SmolLM2 at 8 and 16 sequences, split streams decode
+        about 1.3x faster. The price: a slot holds at most kv_tokens/parallel
+        tokens, and a prefix copy between slots copies a whole stream.
+        """
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         n_ctx = min(config.n_ctx, n_ctx_train) if n_ctx_train > 0 else config.n_ctx
         parallel = max(1, config.parallel)
-        kv_tokens = config.kv_tokens or min(n_ctx * parallel, max(16384, n_ctx))
-        kv_tokens = max(kv_tokens, n_ctx)
+        if config.kv_unified:
+            kv_tokens = config.kv_tokens or min(n_ctx * parallel, max(16384, n_ctx))
+            kv_tokens = max(kv_tokens, n_ctx)
+        else:
+            if config.kv_tokens:
+                n_ctx = max(16, min(n_ctx, config.kv_tokens // parallel))
+            kv_tokens = n_ctx * parallel
         threads = config.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = kv_tokens
         params.n_batch = config.batch_tokens
         params.n_ubatch = min(config.batch_tokens, 512)
         params.n_seq_max = parallel
-        params.kv_unified = True
+        params.kv_unified = config.kv_unified or parallel == 1
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
@@ -121,12 +135,14 @@ class LlamaCppBackend(GenerativeBackend):
             )
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
+        self._split_kv = not params.kv_unified
         kv_actual = int(llama_cpp.llama_n_ctx(self._ctx))
+        per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx)) if self._split_kv else kv_actual
         self._capacity = Capacity(
             max_num_seqs=parallel,
             max_num_batched_tokens=config.batch_tokens,
-            kv_tokens=kv_actual,
-            n_ctx=min(n_ctx, kv_actual),
+            kv_tokens=per_slot * parallel if self._split_kv else kv_actual,
+            n_ctx=min(n_ctx, per_slot),
         )
         self._n_ctx_train = n_ctx_train
 
@@ -208,7 +224,11 @@ class LlamaCppBackend(GenerativeBackend):
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
             elif op.kind == "copy":
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
-                llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
+                if self._split_kv:  # across streams llama.cpp copies whole streams only: copy, then trim
+                    llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, -1, -1)
+                    llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
+                else:
+                    llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
             else:
                 raise BackendError(f"unknown KV operation {op.kind!r}")
 
