@@ -5,9 +5,15 @@ Rules (see DESIGN.md, "Scheduler rules"):
 
 * One token budget per step (`Capacity.max_num_batched_tokens`) and at most
   `Capacity.max_num_seqs` running sequences.
-* Running sequences go first (decode tokens, or the next chunk of a prompt
-  that did not fit), then waiting ones are admitted with prompt chunks in
-  whatever budget is left. A step is never prefill-only by rule.
+* Decode tokens of running sequences go first. The rest of the budget goes
+  to prompt work earliest-deadline-first: the next chunk of a running
+  sequence's prompt and the first chunk of a waiting one compete on equal
+  terms, so an interactive prompt is never queued behind a batch prompt that
+  happened to start earlier. A step is never prefill-only by rule.
+* Reserved slots: sequences of `batch_priority` or lower priority never hold
+  more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
+  default request finds a free slot at once under a saturating batch load,
+  without preempting (and recomputing) anyone.
 * Priority is a number, lower is sooner. A request's scheduling key is its
   *virtual deadline* ``arrival + priority * aging_s``; waiting requests are
   served earliest-deadline-first. This is aging: a request's effective
@@ -59,6 +65,14 @@ class SchedulerConfig:
     aging_s: float = 30.0  # seconds of waiting that gain one priority level
     preempt_margin: float = 0.5  # priority levels a waiter must lead by to preempt
     enable_prefix_cache: bool = True
+    batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
+    reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
+
+
+def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
+    if config.reserved_slots is not None:
+        return max(0, min(config.reserved_slots, max_num_seqs - 1))
+    return max_num_seqs // 8
 
 
 @dataclass(slots=True)
@@ -103,6 +117,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
         self._released: list[int] = []
+        self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
 
     # ---- requests in and out -------------------------------------------------
 
@@ -162,12 +177,24 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         """Choose the next step's KV edits and token chunks."""
         plan = _StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
+        prompt_work: list[Sequence] = []
         for seq in sorted(self._running, key=_decode_first):
-            if seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
+            if seq.num_tokens - seq.num_computed_tokens > 1:
+                prompt_work.append(seq)
+            elif seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
                 self._schedule_running(seq, plan)
-        for seq in sorted(self._waiting, key=_order):
-            if plan.budget <= 0 or not self._admit(seq, plan):
+        waiting = set(self._waiting)
+        admitting = True
+        for seq in sorted(prompt_work + self._waiting, key=_order):
+            if plan.budget <= 0:
                 break
+            if seq not in waiting:
+                if seq.status is SeqStatus.RUNNING:
+                    self._schedule_running(seq, plan)
+            elif admitting and seq.status is SeqStatus.WAITING:
+                if seq.priority >= self.config.batch_priority and self._num_batch_running() >= self._max_batch_seqs:
+                    continue  # the reserved slots stay free for interactive work
+                admitting = self._admit(seq, plan)
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
@@ -224,6 +251,9 @@ class Scheduler:
             self._preempt(seq, plan, keep_cache=False)
             return
         plan.add(seq, num_new)
+
+    def _num_batch_running(self) -> int:
+        return sum(1 for s in self._running if s.priority >= self.config.batch_priority)
 
     def _admit(self, seq: Sequence, plan: _StepPlan) -> bool:
         """Give a waiting sequence a slot and its first chunk. False: stop admitting."""

@@ -97,6 +97,41 @@ def test_lower_priority_number_is_admitted_first():
     assert driver.scheduler.counters.num_preemptions == 0
 
 
+def test_batch_work_leaves_the_reserved_slots_free_for_interactive_work():
+    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=SchedulerConfig(reserved_slots=2))
+    for i in range(10):
+        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=50)
+    for _ in range(3):
+        assert len(driver.step().chunks) == 6  # 8 slots, 2 held back from batch work
+    driver.add("chat", prompt(5000, 4), priority=0.0, max_tokens=3)
+    batch = driver.step()
+    assert driver.chunk(batch, "chat") is not None  # admitted at once ...
+    assert driver.scheduler.counters.num_preemptions == 0  # ... without preempting anyone
+    driver.run()
+    assert driver.records["chat"].token_ids == run_alone(prompt(5000, 4), max_tokens=3)
+    assert all(driver.records[f"b{i}"].last.num_output_tokens == 50 for i in range(10))
+
+
+def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
+    from localserve.engine.scheduler import reserved_slots
+
+    assert [reserved_slots(SchedulerConfig(), n) for n in (1, 4, 8, 16, 32)] == [0, 0, 1, 2, 4]
+    assert reserved_slots(SchedulerConfig(reserved_slots=5), 4) == 3  # batch work always gets one slot
+
+
+def test_an_interactive_prompt_is_not_queued_behind_a_batch_prompt_being_chunked():
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=8), config=SchedulerConfig(reserved_slots=1))
+    driver.add("batch", prompt(0, 40), priority=2.0, max_tokens=2)
+    driver.step()  # the batch prompt's first chunk
+    driver.add("chat", prompt(500, 6), priority=0.0, max_tokens=2)
+    batch = driver.step()
+    assert len(driver.chunk(batch, "chat").token_ids) == 6  # its whole prompt, first
+    assert len(driver.chunk(batch, "batch").token_ids) == 2  # the batch prompt gets the rest
+    driver.run()
+    assert driver.records["chat"].finish_time < driver.records["batch"].finish_time
+    assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
+
+
 # ---- aging ---------------------------------------------------------------------
 
 INTERACTIVE_STEPS = 5  # a 4-token prompt and max_tokens=5 hold a slot for 5 steps
