@@ -40,8 +40,8 @@ class LlamaCppConfig:
     model_path: str
     n_ctx: int = 4096  # the longest sequence (prompt + output) one slot holds
     parallel: int = 8  # sequences decoded together (KV slots)
-    kv_tokens: int = 0  # KV cells in all; 0: n_ctx*parallel (split) or min(n_ctx*parallel, 16k) (unified)
-    kv_unified: bool = False  # one KV pool for all slots instead of one stream per slot (see _open_context)
+    kv_tokens: int = 0  # KV cells in all; 0: n_ctx*parallel; fewer: the slots share one pool
+    kv_unified: bool = False  # one KV pool even when n_ctx*parallel cells fit (see _open_context)
     batch_tokens: int = 512  # token budget of one step
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # auto | cpu | gpu
@@ -99,31 +99,28 @@ class LlamaCppBackend(GenerativeBackend):
         self._chains: dict[int, SamplerChain] = {}
 
     def _open_context(self, config: LlamaCppConfig) -> None:
-        """One KV stream per slot by default, as llama-server does.
+        """One KV stream per slot when memory allows, as llama-server does.
 
         With a unified pool every token of a step attends over all occupied cells
         of every sequence (masked), so attention grows with the sum of all context
         lengths: measured on SmolLM2 at 8 and 16 sequences, split streams decode
-        about 1.3x faster. The price: a slot holds at most kv_tokens/parallel
-        tokens, and a prefix copy between slots copies a whole stream.
+        about 1.3x faster. But a stream is fixed at n_ctx cells, so when the KV
+        budget (`kv_tokens`) is smaller than n_ctx * parallel, the slots share one
+        pool instead: every slot can still reach n_ctx tokens, just not all at
+        once (the scheduler accounts for the pool).
         """
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         n_ctx = min(config.n_ctx, n_ctx_train) if n_ctx_train > 0 else config.n_ctx
         parallel = max(1, config.parallel)
-        if config.kv_unified:
-            kv_tokens = config.kv_tokens or min(n_ctx * parallel, max(16384, n_ctx))
-            kv_tokens = max(kv_tokens, n_ctx)
-        else:
-            if config.kv_tokens:
-                n_ctx = max(16, min(n_ctx, config.kv_tokens // parallel))
-            kv_tokens = n_ctx * parallel
+        unified = config.kv_unified or parallel == 1 or 0 < config.kv_tokens < n_ctx * parallel
+        kv_tokens = max(config.kv_tokens, n_ctx) if unified and config.kv_tokens else n_ctx * parallel
         threads = config.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = kv_tokens
         params.n_batch = config.batch_tokens
         params.n_ubatch = min(config.batch_tokens, 512)
         params.n_seq_max = parallel
-        params.kv_unified = config.kv_unified or parallel == 1
+        params.kv_unified = unified
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
@@ -184,7 +181,11 @@ class LlamaCppBackend(GenerativeBackend):
         for chunk, index in sample_at:
             if chunk.seq_id in failed:
                 continue
-            token_id = self._chains[chunk.seq_id].sample(self._ctx, index)
+            try:
+                token_id = self._chains[chunk.seq_id].sample(self._ctx, index)
+            except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
+                failed[chunk.seq_id] = exc.message
+                continue
             logprob = None
             if chunk.sampling.logprobs is not None:
                 logprob = token_logprob(self._ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
@@ -237,7 +238,9 @@ class LlamaCppBackend(GenerativeBackend):
         for chunk in batch.chunks:
             if chunk.sample and chunk.seq_id not in self._chains:
                 try:
-                    self._chains[chunk.seq_id] = SamplerChain(chunk.sampling, self._tokenizer.vocab, self._n_vocab)
+                    self._chains[chunk.seq_id] = SamplerChain(
+                        chunk.sampling, self._tokenizer.vocab, self._n_vocab, self._tokenizer.eog_token_ids
+                    )
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message
         return failed

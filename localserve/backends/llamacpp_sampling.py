@@ -1,7 +1,7 @@
 """Per-sequence llama.cpp sampler chains and log-probabilities.
 
 The chain follows llama.cpp's own default order, cheapest cuts first:
-logit bias -> grammar -> penalties -> top_k -> top_p -> min_p -> temperature
+logit bias -> (grammar, see SamplerChain) -> penalties -> top_k -> top_p -> min_p -> temperature
 -> dist(seed). Samplers that would be no-ops (top_p = 1, min_p = 0, no
 penalties) are left out: each one costs a pass over the candidates.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+from collections.abc import Collection
 
 import llama_cpp
 import numpy as np
@@ -19,16 +20,41 @@ from localserve.errors import InvalidRequestError
 
 
 class SamplerChain:
-    """One sequence's sampler chain; owns the native object."""
+    """One sequence's sampler chain; owns the native objects.
 
-    __slots__ = ("_chain",)
+    Two paths. Without grammar or suppressed tokens, llama.cpp samples and
+    accepts in one native call. With a grammar, applying it to all ~50k
+    candidates every token is the dominant cost (tens of ms for JSON), so we
+    do what llama.cpp's own `common_sampler` does: sample without the grammar,
+    check only the chosen token against it, and resample with the grammar
+    first only when that token is rejected. End-of-generation tokens are
+    masked while `min_tokens` are not yet out, and always under `ignore_eos`
+    (the model then never emits them, as in llama.cpp's server).
+    """
 
-    def __init__(self, params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: int) -> None:
+    __slots__ = ("_chain", "_grammar", "_eog", "_suppress_until", "_count", "_n_vocab", "_cands", "_ids")
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab: llama_cpp.llama_vocab_p,
+        n_vocab: int,
+        eog_token_ids: Collection[int] = (),
+    ) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        self._grammar = None
+        self._n_vocab = n_vocab
+        self._count = 0
+        self._cands: np.ndarray | None = None
+        self._ids: np.ndarray | None = None
+        limit = 1 << 62 if params.ignore_eos else params.min_tokens
+        self._eog = np.fromiter(sorted(eog_token_ids), dtype=np.int64) if limit and eog_token_ids else None
+        self._suppress_until = limit if self._eog is not None else 0
         try:
-            for sampler in _samplers(params, vocab, n_vocab):
+            samplers, self._grammar = _samplers(params, vocab, n_vocab)
+            for sampler in samplers:
                 llama_cpp.llama_sampler_chain_add(self._chain, sampler)
         except BaseException:
             self.free()
@@ -36,16 +62,65 @@ class SamplerChain:
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
         """Sample (and accept) the next token from the logits at `batch_index`."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+        suppress = self._count < self._suppress_until
+        self._count += 1
+        if self._grammar is None and not suppress:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+        pointer = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+        token = self._pick(logits, suppress, with_grammar=False)
+        if self._grammar is not None and not self._grammar_allows(token):
+            token = self._pick(logits, suppress, with_grammar=True)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _pick(self, logits: np.ndarray, suppress: bool, *, with_grammar: bool) -> int:
+        if self._cands is None:
+            self._cands = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
+            self._ids = np.arange(self._n_vocab, dtype=np.int32)
+        cands = self._cands
+        cands["id"] = self._ids
+        cands["logit"] = logits
+        cands["p"] = 0.0
+        if suppress:
+            cands["logit"][self._eog] = -np.inf
+        array = llama_cpp.llama_token_data_array(
+            data=cands.ctypes.data_as(llama_cpp.llama_token_data_p), size=self._n_vocab, selected=-1, sorted=False
+        )
+        if with_grammar:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        if array.selected < 0:
+            raise InvalidRequestError("no token is allowed here (grammar and suppressed tokens exclude them all)")
+        return int(array.data[array.selected].id)
+
+    def _grammar_allows(self, token: int) -> bool:
+        one = (llama_cpp.llama_token_data * 1)()
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(np.isfinite(one[0].logit))
 
     def free(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
 
 
-def _samplers(params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: int) -> list[llama_cpp.llama_sampler_p]:
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def _samplers(
+    params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: int
+) -> tuple[list[llama_cpp.llama_sampler_p], llama_cpp.llama_sampler_p | None]:
+    """The chain's samplers (all but the grammar) and the grammar sampler."""
     out = []
+    grammar = None
     if params.logit_bias:
         biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
         for i, (token, bias) in enumerate(params.logit_bias):
@@ -58,7 +133,6 @@ def _samplers(params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: i
             for sampler in out:
                 llama_cpp.llama_sampler_free(sampler)
             raise InvalidRequestError("the grammar (from response_format or tools) could not be parsed")
-        out.append(grammar)
     if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
         out.append(
             llama_cpp.llama_sampler_init_penalties(
@@ -71,7 +145,7 @@ def _samplers(params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: i
         )
     if params.greedy:
         out.append(llama_cpp.llama_sampler_init_greedy())
-        return out
+        return out, grammar
     if params.top_k > 0:
         out.append(llama_cpp.llama_sampler_init_top_k(params.top_k))
     if params.top_p < 1.0:
@@ -81,7 +155,7 @@ def _samplers(params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: i
     out.append(llama_cpp.llama_sampler_init_temp(params.temperature))
     seed = params.seed if params.seed is not None else random.getrandbits(32)
     out.append(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-    return out
+    return out, grammar
 
 
 def token_logprob(

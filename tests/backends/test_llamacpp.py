@@ -209,3 +209,43 @@ def test_smollm2_logprobs_are_a_distribution(smol: LlamaCppBackend) -> None:
     assert lp.logprob == pytest.approx(lp.top[0][1])
     assert all(a[1] >= b[1] for a, b in zip(lp.top, lp.top[1:], strict=False))
     assert 0 < sum(math.exp(v) for _, v in lp.top) <= 1.0 + 1e-6
+
+
+def sample_run(backend: LlamaCppBackend, prompt: list[int], params: SamplingParams, n: int, seq_id: int = 11) -> list[int]:
+    """Up to `n` sampled tokens, stopping after an end-of-generation token."""
+    eog = backend.tokenizer().eog_token_ids
+    backend.clear_slots([0])
+    out = [step(backend, [chunk(seq_id, 0, prompt, 0, params=params)])[seq_id]]
+    while out[-1] not in eog and len(out) < n:
+        out.append(step(backend, [chunk(seq_id, 0, [out[-1]], len(prompt) + len(out) - 1, params=params)])[seq_id])
+    backend.release([seq_id])
+    return out
+
+
+@pytest.mark.slow
+def test_min_tokens_and_ignore_eos_mask_end_of_generation(smol: LlamaCppBackend) -> None:
+    tok = smol.tokenizer()
+    template = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
+    prompt = tok.encode(template.render([{"role": "user", "content": "Reply with one word: yes or no?"}]),
+                        add_special=False)
+    free = sample_run(smol, prompt, GREEDY, 40)
+    assert free[-1] in tok.eog_token_ids and len(free) < 12, "the model ends a one-word answer by itself"
+    held = sample_run(smol, prompt, SamplingParams(temperature=0.0, min_tokens=15), 40)
+    assert not set(held[:15]) & tok.eog_token_ids and len(held) >= 16
+    assert held[: len(free) - 1] == free[:-1], "masking changes nothing before the end"
+    endless = sample_run(smol, prompt, SamplingParams(temperature=0.0, ignore_eos=True), 30)
+    assert len(endless) == 30 and not set(endless) & tok.eog_token_ids
+
+
+@pytest.mark.slow
+def test_grammar_resamples_when_the_free_choice_is_rejected(smol: LlamaCppBackend) -> None:
+    tok = smol.tokenizer()
+    prompt = tok.encode("The capital of France is", add_special=False)
+    assert "Paris" in tok.decode(sample_run(smol, prompt, GREEDY, 3)), "unconstrained, it says Paris"
+    params = SamplingParams(temperature=0.0, grammar='root ::= " yes" | " no"')
+    out = sample_run(smol, prompt, params, 6)
+    assert out[-1] in tok.eog_token_ids, "the grammar ends, so only end-of-generation is allowed"
+    assert tok.decode(out[:-1]) in (" yes", " no")
+    seeded = SamplingParams(temperature=1.0, seed=3, grammar='root ::= [0-9] [0-9] [0-9]')
+    digits = tok.decode(sample_run(smol, prompt, seeded, 8)[:-1])
+    assert len(digits) == 3 and digits.isdigit()
