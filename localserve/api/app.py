@@ -35,7 +35,8 @@ from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState, engine_of, 
 from localserve.api.stats import register_stats_routes
 from localserve.config import ServerSettings
 from localserve.errors import LocalServeError, NotFoundError
-from localserve.models.registry import LoadedModel, ModelManager, resolve
+from localserve.models.policy import CHAT
+from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, resolve
 
 log = logging.getLogger(__name__)
 
@@ -157,20 +158,46 @@ def _model_object(model_id: str, loaded: LoadedModel, request: web.Request) -> d
             "n_ctx": capacity.n_ctx,
             "n_ctx_train": info.n_ctx_train,
             "max_num_seqs": capacity.max_num_seqs,
+            "kind": CHAT,  # generative; one-shot models say "embeddings" or "transcription"
+            "labels": list(loaded.spec.labels),
+        },
+    }
+
+
+def _oneshot_object(model_id: str, loaded: LoadedOneShot) -> dict[str, Any]:
+    """An embeddings or speech model, as `/v1/models` lists it: `meta.kind`
+    says which route takes it (no context or slots: it runs in batches)."""
+    info = loaded.backend.info()
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(loaded.loaded_at),
+        "owned_by": "localserve",
+        "meta": {
+            "kind": loaded.kind,
+            "backend": info.backend,
+            "device": info.device,
+            "architecture": info.architecture,
+            "num_params": info.num_params,
+            "n_ctx_train": info.n_ctx_train,
             "labels": list(loaded.spec.labels),
         },
     }
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """`GET /v1/models`: the loaded models."""
+    """`GET /v1/models`: the loaded models, generative and one-shot (embeddings, speech)."""
     manager = request.app[MANAGER]
     data = [_model_object(model_id, loaded, request) for model_id, loaded in list(manager.loaded.items())]
+    data += [_oneshot_object(model_id, loaded) for model_id, loaded in list(manager.oneshot.items())]
     return web.json_response({"object": "list", "data": data})
 
 
 async def get_model(request: web.Request) -> web.Response:
     """`GET /v1/models/{id}`: one loaded model, or 404."""
+    oneshot = request.app[MANAGER].oneshot.get(request.match_info["model_id"])
+    if oneshot is not None:
+        return web.json_response(_oneshot_object(request.match_info["model_id"], oneshot))
     model_id = await require_model(request, request.match_info["model_id"], load=False)
     return web.json_response(_model_object(model_id, request.app[MANAGER].loaded[model_id], request))
 

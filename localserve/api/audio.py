@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
+from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot
 from localserve.api.state import SETTINGS
 from localserve.backends.speech import TranscribeOptions, Transcript, decode_audio
@@ -22,6 +23,7 @@ from localserve.models.oneshot import TRANSCRIPTION
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("segment", "word")
 MAX_FIELD_BYTES = 64 * 1024  # any form field but the file
+FORM_HELP = "Send the audio as multipart/form-data with a 'file' field and a 'model' field."
 LANGUAGE_NAMES = {
     "en": "english", "de": "german", "es": "spanish", "fr": "french", "it": "italian", "ja": "japanese",
     "ko": "korean", "nl": "dutch", "pl": "polish", "pt": "portuguese", "ru": "russian", "sv": "swedish",
@@ -99,33 +101,34 @@ async def _speech(request: web.Request, *, task: str) -> web.StreamResponse:
 async def read_form(request: web.Request, *, max_file_bytes: int) -> SpeechForm:
     """Stream the multipart body; stop reading the file past `max_file_bytes` (413)."""
     if not request.content_type.startswith("multipart/"):
-        raise InvalidRequestError("Send the audio as multipart/form-data with a 'file' field and a 'model' field.")
+        raise InvalidRequestError(FORM_HELP)
     form = SpeechForm()
-    reader = await request.multipart()
-    async for part in reader:
-        if not isinstance(part, BodyPartReader):
-            continue
-        name = part.name or ""
-        limit = max_file_bytes if name == "file" else MAX_FIELD_BYTES
-        data = bytearray()
-        while chunk := await part.read_chunk(64 * 1024):
-            data += chunk
-            if len(data) > limit:
-                if name == "file":
-                    raise PayloadTooLargeError(
-                        f"The audio file is larger than the limit of {max_file_bytes} bytes "
-                        f"({max_file_bytes / 1024 / 1024:g} MiB). Send a shorter or more compressed file."
-                    )
-                raise InvalidRequestError(
-                    f"The form field {name!r} is longer than {MAX_FIELD_BYTES} bytes.", param=name
-                )
-        if name == "file":
-            form.file, form.filename = bytes(data), part.filename or ""
-        elif name in ("timestamp_granularities[]", "timestamp_granularities"):
-            form.granularities.append(data.decode("utf-8", errors="replace").strip())
-        else:
-            form.fields[name] = data.decode("utf-8", errors="replace").strip()
+    with malformed_multipart_is_400(FORM_HELP):
+        async for part in await request.multipart():
+            if isinstance(part, BodyPartReader):  # a nested multipart is not part of this API
+                await _read_part(part, form, max_file_bytes)
     return form
+
+
+async def _read_part(part: BodyPartReader, form: SpeechForm, max_file_bytes: int) -> None:
+    name = part.name or ""
+    limit = max_file_bytes if name == "file" else MAX_FIELD_BYTES
+    data = bytearray()
+    while chunk := await part.read_chunk(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            if name == "file":
+                raise PayloadTooLargeError(
+                    f"The audio file is larger than the limit of {max_file_bytes} bytes "
+                    f"({max_file_bytes / 1024 / 1024:g} MiB). Send a shorter or more compressed file."
+                )
+            raise InvalidRequestError(f"The form field {name!r} is longer than {MAX_FIELD_BYTES} bytes.", param=name)
+    if name == "file":
+        form.file, form.filename = bytes(data), part.filename or ""
+    elif name in ("timestamp_granularities[]", "timestamp_granularities"):
+        form.granularities.append(data.decode("utf-8", errors="replace").strip())
+    else:
+        form.fields[name] = data.decode("utf-8", errors="replace").strip()
 
 
 def _number(text: str | None, param: str, low: float, high: float) -> float:

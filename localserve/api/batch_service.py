@@ -27,7 +27,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
 from localserve.api.embeddings import create_embeddings
-from localserve.api.leases import release_leases_middleware
+from localserve.api.leases import model_lease, release_leases_middleware
 from localserve.api.middleware import error_middleware
 from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
@@ -203,7 +203,8 @@ class BatchService:
             if self.store is None or self.runner is None:
                 store = await asyncio.to_thread(JobStore, self.root)
                 executor = AppLineExecutor(self.app, self.app[SETTINGS].batch_concurrency)
-                runner = BatchRunner(store, executor, RunnerConfig(limits=self.limits()))
+                hold = functools.partial(model_lease, self.app)  # the batch's model stays loaded while it runs
+                runner = BatchRunner(store, executor, RunnerConfig(limits=self.limits()), hold_model=hold)
                 await runner.start()
                 self.store, self.runner = store, runner
                 log.info("batch jobs in %s", self.root)

@@ -18,12 +18,14 @@ from typing import BinaryIO
 from aiohttp import BodyPartReader, web
 
 from localserve.api.batch_service import jobs_of
+from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.state import SETTINGS
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
 from localserve.jobs.types import UPLOAD_PURPOSES
 
 PREFIXES = ("/v1", "/api/v1")
 MAX_FIELD_BYTES = 1024  # a form field other than the file
+FORM_HELP = "Upload a file as multipart/form-data with the fields 'file' and 'purpose'."
 WRITE_CHUNK = 1 << 20
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
 
@@ -54,22 +56,21 @@ async def upload_file(request: web.Request) -> web.Response:
     """`POST /v1/files`: store an uploaded file."""
     store, _ = await jobs_of(request)
     if not request.content_type.startswith("multipart/"):
-        raise InvalidRequestError(
-            "Upload a file as multipart/form-data with the fields 'file' and 'purpose'.", param="file"
-        )
+        raise InvalidRequestError(FORM_HELP, param="file")
     limit = request.app[SETTINGS].batch_max_file_bytes
     tmp = store.temp_path()
     fields: dict[str, str] = {}
     filename: str | None = None
     try:
-        async for part in await request.multipart():
-            if not isinstance(part, BodyPartReader):
-                continue  # a nested multipart: not part of this API
-            if part.name == "file":
-                filename = Path(part.filename or "upload").name
-                await _save(part, tmp, limit)
-            elif part.name:
-                fields[part.name] = await _field_text(part)
+        with malformed_multipart_is_400(FORM_HELP):
+            async for part in await request.multipart():
+                if not isinstance(part, BodyPartReader):
+                    continue  # a nested multipart: not part of this API
+                if part.name == "file":
+                    filename = Path(part.filename or "upload").name
+                    await _save(part, tmp, limit)
+                elif part.name:
+                    fields[part.name] = await _field_text(part)
         if filename is None:
             raise InvalidRequestError("Missing required parameter: 'file'.", param="file")
         purpose = _purpose(fields.get("purpose"))

@@ -8,14 +8,24 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from localserve.api.wire import ChoiceResult
-from localserve.engine.engine import Engine, RequestStream
+from localserve.engine.engine import SHUTDOWN_MESSAGE, Engine, RequestStream
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
-from localserve.errors import BackendError, ContextLengthError
+from localserve.errors import BackendError, ContextLengthError, EngineStoppedError, LocalServeError
 
 #: Told the latency of every token an answer receives: `("ttft", seconds)`
 #: from submission to a request's first token, `("itl", seconds)` between
 #: its later ones (the Prometheus histograms of `api.metrics`).
 LatencyObserver = Callable[[str, float], None]
+
+
+def event_error(event: TokenEvent) -> LocalServeError:
+    """The client's error for an event that ended with `FinishReason.ERROR`:
+    a 503 `engine_stopped` when a graceful shutdown ended the request (it was
+    fine; retrying it against the restarted server works), else a 500
+    `backend_error` (the step failed)."""
+    if event.error == SHUTDOWN_MESSAGE:
+        return EngineStoppedError(SHUTDOWN_MESSAGE)
+    return BackendError(event.error or "generation failed")
 
 
 def request_ids(answer_id: str, num_choices: int) -> list[str]:
@@ -108,12 +118,12 @@ async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue[tuple[in
 
 async def collect(merged: MergedStreams) -> list[ChoiceResult]:
     """Run an answer to the end (non-streaming). A failed choice fails the
-    whole answer with a 500; the others are aborted."""
+    whole answer (500, or 503 when ended by a shutdown); the others are aborted."""
     results = [ChoiceResult() for _ in merged.streams]
     try:
         async for index, event in merged:
             if event.finish_reason is FinishReason.ERROR:
-                raise BackendError(event.error or "generation failed")
+                raise event_error(event)
             results[index].add(event)
     finally:
         merged.abort()

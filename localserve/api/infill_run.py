@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from localserve.api.generation import event_error
 from localserve.engine.types import FinishReason, TokenEvent
-from localserve.errors import BackendError
 
 if TYPE_CHECKING:
     from localserve.api.infill import InfillRequest
@@ -80,7 +80,7 @@ class InfillRun:
     def add(self, event: TokenEvent) -> str:
         """Take one event; return the text it releases."""
         if event.finish_reason is FinishReason.ERROR:
-            raise BackendError(event.error or "generation failed")
+            raise event_error(event)
         now = time.monotonic()
         if event.token_ids:
             self.token_ids.extend(event.token_ids)

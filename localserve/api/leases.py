@@ -6,16 +6,26 @@ answers included), so that it is never evicted mid-request; the request's
 `keep_alive` then starts the model's idle clock. `keep_alive` is taken from
 the caller, else from the JSON body (Ollama's field; accepted on every JSON
 route as an extension).
+
+`model_lease(app, model_id)` holds a model for longer work than one request:
+the batch runner holds the model of a running batch, so that neither LRU
+eviction nor keep_alive unloads it between two of its lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
+from localserve.errors import LocalServeError
 from localserve.models.lifecycle import Lease, ModelLifecycle
+
+log = logging.getLogger(__name__)
 
 LIFECYCLE = web.AppKey("model_lifecycle", ModelLifecycle)
 _LEASES = "localserve.model_leases"  # request key: the leases this request holds
@@ -58,3 +68,24 @@ async def body_keep_alive(request: web.Request) -> Any:
     except ValueError:
         return None
     return data.get("keep_alive") if isinstance(data, dict) else None
+
+
+@contextlib.asynccontextmanager
+async def model_lease(app: web.Application, model_id: str | None) -> AsyncIterator[Lease | None]:
+    """Hold `model_id` loaded (loading it if needed) until the block ends.
+
+    Yields None, holding nothing, in an app without a lifecycle, without a
+    model id, or when the model cannot be held now (unknown, wrong, no room):
+    the work's own requests then meet that error, each with its envelope."""
+    lifecycle = app.get(LIFECYCLE)
+    lease = None
+    if lifecycle is not None and model_id:
+        try:
+            lease = await lifecycle.acquire(model_id)
+        except LocalServeError as exc:
+            log.info("not holding model %r: %s", model_id, exc.message)
+    try:
+        yield lease
+    finally:
+        if lifecycle is not None and lease is not None:
+            lifecycle.release(lease)

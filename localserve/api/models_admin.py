@@ -7,7 +7,10 @@
   "rate_bytes_per_s", "eta_s", "file_index", "num_files"}` lines, the last one
   `{"status": "success"}` or `{"status": "error", "error": {...}}`.
   `"stream": false` answers one JSON object at the end.
-* `POST /api/v1/load` `{"model": ID, "keep_alive": "5m"?}` - load now.
+* `POST /api/v1/load` `{"model": ID, "keep_alive": "5m"?, "options": {"ctx_size", "parallel",
+  "kv_size", "device", "n_gpu_layers"}?}` - load now; `options` win over the
+  flags, the config file and the catalog (400 if it is loaded with others).
+  The answer carries the effective options.
 * `DELETE /api/v1/models/{id}` (and `/v1/models/{id}`) - unload it if
   loaded and delete it from the model store.
 * `GET /api/v1/loaded` - the loaded models: kind, state, keep_alive, expiry.
@@ -36,6 +39,7 @@ from localserve.api.leases import LIFECYCLE, release_leases_middleware
 from localserve.api.middleware import parse_body
 from localserve.api.state import MANAGER, SETTINGS, STATE
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
+from localserve.models.catalog import ModelOptions
 from localserve.models.lifecycle import ModelLifecycle
 from localserve.models.policy import format_keep_alive
 from localserve.models.pull import PullCancelled, PullPlan, PullProgress, plan_pull, pull
@@ -58,6 +62,7 @@ class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
     keep_alive: str | float | None = None
+    options: ModelOptions | None = None
 
 
 def register(app: web.Application) -> None:
@@ -167,7 +172,7 @@ async def load_model(request: web.Request) -> web.Response:
     if body.model not in request.app[MANAGER].loaded and request.app[STATE].loading:
         raise ModelLoadingError("start-up models are still loading; retry in a moment")
     lifecycle = request.app[LIFECYCLE]
-    lease = await lifecycle.acquire(body.model, keep_alive=body.keep_alive)
+    lease = await lifecycle.acquire(body.model, keep_alive=body.keep_alive, options=body.options)
     lifecycle.release(lease)
     record = lease.record
     return web.json_response(
@@ -176,6 +181,7 @@ async def load_model(request: web.Request) -> web.Response:
             "model": body.model,
             "kind": record.kind,
             "keep_alive": format_keep_alive(record.keep_alive_s),
+            "options": request.app[MANAGER].load_report(body.model),
         }
     )
 

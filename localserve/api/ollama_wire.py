@@ -13,12 +13,12 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localserve.api.generation import MergedStreams
+from localserve.api.generation import MergedStreams, event_error
 from localserve.api.schemas import MAX_STOP, MAX_TOOLS, ToolCall, ToolDef
 from localserve.api.tools_parse import ToolCallParser, parse_reply
 from localserve.api.wire import FINISH_REASONS
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent
-from localserve.errors import BackendError, LocalServeError
+from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class OllamaLines:
     def add(self, event: TokenEvent) -> list[dict[str, Any]]:
         """The lines this event makes (streaming); whole answers ignore them."""
         if event.finish_reason is FinishReason.ERROR:
-            raise BackendError(event.error or "generation failed")
+            raise event_error(event)
         if event.token_ids and not self.first_token_ns:
             self.first_token_ns = _monotonic_ns()
         self.output_ids.extend(event.token_ids)

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.leases import use_model
+from localserve.api.metrics import note_model
 from localserve.api.state import MANAGER, SETTINGS, STATE
 from localserve.api.stats import add_one_shot_provider
 from localserve.errors import LocalServeError, ModelLoadingError
@@ -23,14 +24,18 @@ _CLEANUP_ADDED = web.AppKey("oneshot_cleanup_added", bool)
 
 async def oneshot_model(request: web.Request, model_id: str, kind: str) -> LoadedOneShot:
     """The one-shot model, loaded on demand and held for this request
-    (api.leases); 503 while start-up loading may still bring it."""
+    (api.leases); 503 while start-up loading may still bring it. The
+    request's metrics carry its id (only once found: a client's made-up ids
+    must not become label values)."""
     manager = request.app[MANAGER]
     if model_id not in manager.oneshot:
         validate_model_id(model_id)
         if request.app[STATE].loading:
             raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
     await use_model(request, model_id, kind=EMBEDDINGS_KIND if kind == EMBEDDINGS else ASR)
-    return manager.get_oneshot(model_id, kind)
+    model = manager.get_oneshot(model_id, kind)
+    note_model(request, model_id)
+    return model
 
 
 def setup_oneshot(app: web.Application) -> None:

@@ -3,22 +3,26 @@ then `data: [DONE]\\n\\n`.
 
 The headers go out with the first chunk, not before: an answer that fails
 before producing anything still gets a proper JSON error with its status.
-After that, an error can only be told in-band: one `data: {"error": ...}`
-event, then the stream ends (the `openai` SDK raises it as an `APIError`).
+After that, an error can only be told in-band: each choice still open gets a
+last chunk with `finish_reason: "error"`, then one `data: {"error": ...}`
+event ends the stream, without `[DONE]` (the `openai` SDK raises it as an
+`APIError`). A shutdown's error is `engine_stopped` (retry), a failed step's
+`backend_error`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from typing import Any, Protocol
 
 from aiohttp import web
 
-from localserve.api.generation import MergedStreams
+from localserve.api.generation import MergedStreams, event_error
 from localserve.engine.types import FinishReason, TokenEvent
-from localserve.errors import BackendError, LocalServeError
+from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +82,17 @@ async def stream_answer(
     write fail (or, with handler cancellation, cancels this task); either way
     the `finally` aborts every request of the answer before the next step."""
     writer = SseWriter(request, headers)
+    open_choices = set(range(len(merged.streams)))
     try:
         async for index, event in merged:
             if event.finish_reason is FinishReason.ERROR:
-                raise BackendError(event.error or "generation failed")
+                if writer.started:
+                    await _finish_with_error(writer, fmt, event, [index, *sorted(open_choices - {index})])
+                raise event_error(event)
             for chunk in fmt.chunks(index, event):
                 await writer.send(chunk)
+            if event.finished:
+                open_choices.discard(index)
         if include_usage:
             await writer.send(fmt.usage_chunk())
         await writer.done()
@@ -101,3 +110,13 @@ async def stream_answer(
     finally:
         merged.abort()
     return writer.response
+
+
+async def _finish_with_error(writer: SseWriter, fmt: ChunkFormat, event: TokenEvent, indexes: list[int]) -> None:
+    """The last chunk, `finish_reason: "error"`, of each choice in `indexes`
+    (the failed one first, with its own event): a client that reads finish
+    reasons sees every choice end, and why, before the error event."""
+    for index in indexes:
+        choice_event = event if index == indexes[0] else dataclasses.replace(event, num_output_tokens=0)
+        for chunk in fmt.chunks(index, choice_event):
+            await writer.send(chunk)

@@ -14,7 +14,9 @@ A snapshot::
      "models": [{"id", "backend", "device", "running": {class: n}, "waiting": {class: n},
                  "in_flight", "kv_used", "kv_total", "max_num_seqs", "n_ctx",
                  "prefix_cache_hit_rate", "recent_batch_sizes", "prefill_tokens_per_s",
-                 "decode_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", ...}],
+                 "decode_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", ...,
+                 "options": {"ctx_per_slot", "parallel", "kv_tokens", "kv_mib", "n_gpu_layers", "n_layers",
+                             "device", "sources": {option: where from}, "fit": [notes]}}],
      "loading": [model ids], "load_errors": {name: reason},
      "requests": [{"id", "model", "priority", "priority_class", "state", "prompt_tokens",
                    "generated_tokens", "age_s", "tokens_per_s"}],
@@ -145,6 +147,7 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
     models, requests = [], []
     for model_id, stats in manager.engine.stats().items():
         entry, model_requests = _model_entry(model_id, stats)
+        entry["options"] = manager.load_report(model_id)  # effective ctx per slot, slots, GPU layers, KV MiB
         models.append(entry)
         requests += model_requests
     return {

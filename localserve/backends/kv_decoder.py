@@ -94,6 +94,16 @@ def describe_io(inputs: dict[str, tuple[list[object], str]], outputs: Collection
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """The fixed shape of one graph call: rows, new tokens per row, past KV
+    positions per row (what a static-shape device was compiled for)."""
+
+    rows: int
+    new_tokens: int
+    past_tokens: int
+
+
 class SlotKv:
     """The KV of one slot: [layers, kv_heads, capacity, head_dim] keys and
     values, of which the first `num_tokens` positions are real."""
@@ -182,8 +192,8 @@ class KvDecoderBackend(GenerativeBackend):
         self._apply_kv_ops(batch.kv_ops)
         failed = {c.seq_id: GRAMMAR_UNSUPPORTED for c in batch.chunks if c.sample and c.sampling.grammar}
         sampled: dict[int, SampledToken] = {}
-        for call in plan_calls(batch.chunks, self.max_padding):
-            for chunk, logits in zip(call, self._run_call(call), strict=True):
+        for call, shape in self._plan(batch.chunks):
+            for chunk, logits in zip(call, self._run_call(call, shape), strict=True):
                 if chunk.sample and chunk.seq_id not in failed:
                     sampled[chunk.seq_id] = self._sample(chunk, logits)
         return StepResult(sampled=sampled, failed=failed)
@@ -201,6 +211,11 @@ class KvDecoderBackend(GenerativeBackend):
 
     # ---- internals -----------------------------------------------------------
 
+    def _plan(self, chunks: Sequence[SeqChunk]) -> list[tuple[list[SeqChunk], CallShape | None]]:
+        """The step's graph calls, each with the shape it must be padded to
+        (None: as small as it fits); static-shape devices override this."""
+        return [(call, None) for call in plan_calls(chunks, self.max_padding)]
+
     def _apply_kv_ops(self, kv_ops: Sequence[KvOp]) -> None:
         for op in kv_ops:
             if op.kind == "keep":
@@ -211,9 +226,10 @@ class KvDecoderBackend(GenerativeBackend):
             else:
                 raise BackendError(f"unknown KV operation {op.kind!r}")
 
-    def _run_call(self, call: list[SeqChunk]) -> list[np.ndarray]:
-        """One graph call over `call`; returns each chunk's last-token logits
-        and appends each chunk's new KV to its slot."""
+    def _run_call(self, call: list[SeqChunk], shape: CallShape | None = None) -> list[np.ndarray]:
+        """One graph call over `call`, padded to `shape` if given (rows past
+        `call` are all padding); returns each chunk's last-token logits and
+        appends each chunk's new KV to its slot."""
         io = self.io
         slots = [self._slots[c.slot] for c in call]
         for chunk, slot in zip(call, slots, strict=True):
@@ -224,6 +240,9 @@ class KvDecoderBackend(GenerativeBackend):
         num_rows = len(call)
         num_past = max(s.num_tokens for s in slots)
         num_new = max(len(c.token_ids) for c in call)
+        if shape is not None:
+            assert shape.rows >= num_rows and shape.new_tokens >= num_new and shape.past_tokens >= num_past, shape
+            num_rows, num_new, num_past = shape.rows, shape.new_tokens, shape.past_tokens
         input_ids = np.zeros((num_rows, num_new), np.int64)
         position_ids = np.zeros((num_rows, num_new), np.int64)
         mask = np.zeros((num_rows, num_past + num_new), np.int64)
@@ -239,6 +258,9 @@ class KvDecoderBackend(GenerativeBackend):
             past_v[:, row, :, :p] = slot.values[:, :, :p]
             past_k[:, row, :, p:] = 0  # masked, but 0 * NaN would still be NaN
             past_v[:, row, :, p:] = 0
+        past_k[:, len(call) :] = 0  # padding rows of a fixed shape: one token that sees itself
+        past_v[:, len(call) :] = 0
+        mask[len(call) :, num_past] = 1
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         if io.has_position_ids:
             feeds["position_ids"] = position_ids

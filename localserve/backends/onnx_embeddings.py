@@ -8,6 +8,7 @@ False and the batcher groups inputs by length before each `run`.
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,35 +34,26 @@ class OnnxEmbeddingConfig:
     max_input_tokens: int = 512
 
 
-class OnnxEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
-    """Pooled, normalised sentence embeddings from one ONNX Runtime session."""
+class PaddedEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
+    """What the ONNX Runtime and OpenVINO embedding backends share: the
+    WordPiece tokenizer beside the graph, input checks, and right-padded
+    `input_ids`/`attention_mask` batches. Subclasses run the graph."""
 
     padding_free = False
 
-    def __init__(self, config: OnnxEmbeddingConfig) -> None:
-        import onnxruntime as ort
+    def _open_tokenizer(self, tokenizer_file: Path, max_input_tokens: int) -> None:
         from tokenizers import Tokenizer
 
-        path = Path(config.model_path)
-        tokenizer_file = path.with_name(path.stem + ".tokenizer.json")
-        if not path.is_file() or not tokenizer_file.is_file():
-            raise LocalServeError(
-                f"{path} and its tokenizer {tokenizer_file.name} are needed; run `localserve convert`"
-            )
-        self.config = config
-        providers = _providers(config.device, ort.get_available_providers())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(path), options, providers=providers)
-        self._device = "CPU" if providers[0] == "CPUExecutionProvider" else "GPU"
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.n_embd = int(self._session.get_outputs()[0].shape[-1])
         self.vocab_size = int(self.tokenizer.get_vocab_size())
-        self.max_input_tokens = config.max_input_tokens
+        self.max_input_tokens = max_input_tokens
         self.pad_id = int(self.tokenizer.token_to_id("[PAD]") or 0)
+
+    @abstractmethod
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Pooled embeddings [rows, n_embd] of one padded batch."""
 
     def tokenize(self, text: str) -> TokenIds:
         return tuple(self.tokenizer.encode(text).ids)
@@ -93,8 +85,34 @@ class OnnxEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         for row, item in enumerate(items):
             input_ids[row, : len(item)] = item
             mask[row, : len(item)] = 1
-        (embeddings,) = self._session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": mask})
-        return list(embeddings.astype(np.float32))
+        return list(self._forward(input_ids, mask).astype(np.float32))
+
+
+class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
+    """Pooled, normalised sentence embeddings from one ONNX Runtime session."""
+
+    def __init__(self, config: OnnxEmbeddingConfig) -> None:
+        import onnxruntime as ort
+
+        path = Path(config.model_path)
+        tokenizer_file = path.with_name(path.stem + ".tokenizer.json")
+        if not path.is_file() or not tokenizer_file.is_file():
+            raise LocalServeError(
+                f"{path} and its tokenizer {tokenizer_file.name} are needed; run `localserve convert`"
+            )
+        self.config = config
+        providers = _providers(config.device, ort.get_available_providers())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(path), options, providers=providers)
+        self._device = "CPU" if providers[0] == "CPUExecutionProvider" else "GPU"
+        self._open_tokenizer(tokenizer_file, config.max_input_tokens)
+        self.n_embd = int(self._session.get_outputs()[0].shape[-1])
+
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        (embeddings,) = self._session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})
+        return embeddings
 
     def info(self) -> BackendInfo:
         return BackendInfo(

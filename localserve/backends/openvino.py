@@ -4,11 +4,14 @@ with `stateful=False`), on NPU, GPU or CPU.
 
 The raw runtime runs the graph; KV handling, batching and sampling live in
 kv_decoder.py, so our scheduler decides every step (openvino-genai's
-pipelines would bring a scheduler of their own).
+pipelines would bring a scheduler of their own). On the NPU, which compiles
+static shapes only, the graph is compiled twice with shapes fixed from
+--ctx-size, --parallel and --batch-tokens (openvino_static.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +19,22 @@ import numpy as np
 
 from localserve.backends.base import BackendInfo
 from localserve.backends.hf_tokenizer import HFTokenizer
-from localserve.backends.kv_decoder import KvDecoderBackend, describe_io, plan_capacity, read_model_config
+from localserve.backends.kv_decoder import (
+    CallShape,
+    DecoderIO,
+    KvDecoderBackend,
+    describe_io,
+    plan_capacity,
+    read_model_config,
+)
+from localserve.backends.openvino_static import (
+    StaticShapes,
+    needs_static_shapes,
+    plan_static_shapes,
+    static_calls,
+    static_input_shapes,
+)
+from localserve.engine.types import SeqChunk
 from localserve.errors import DeviceNotFoundError, LocalServeError
 
 #: `auto` takes the first present device of this order.
@@ -35,6 +53,7 @@ class OpenVinoConfig:
     n_threads: int = 0  # 0: OpenVINO's default
     device: str = "auto"  # auto | NPU | GPU | CPU (also GPU.1 etc.)
     precision: str = ""  # INFERENCE_PRECISION_HINT: "" (device default), f32, f16, bf16
+    static_shapes: bool | None = None  # None: on the NPU only (openvino_static.py); True forces them (tests)
 
 
 def available_devices() -> list[str]:
@@ -78,12 +97,6 @@ class OpenVinoBackend(KvDecoderBackend):
         self.config = config
         core = ov.Core()
         self._device = resolve_device(config.device, list(core.available_devices))
-        if self._device.startswith("NPU"):
-            raise LocalServeError(
-                "OpenVINO's NPU plugin compiles static shapes only (a fixed batch size, prompt length and KV "
-                "length, as openvino-genai's MAX_PROMPT_LEN/MIN_RESPONSE_LEN settings fix them); this backend "
-                "batches with dynamic shapes and has no fixed-shape NPU mode yet: use --device GPU or CPU"
-            )
         model = core.read_model(str(path))
         inputs = {p.get_any_name(): (_shape(p), p.get_element_type().get_type_name()) for p in model.inputs}
         outputs = [p.get_any_name() for p in model.outputs]
@@ -93,12 +106,6 @@ class OpenVinoBackend(KvDecoderBackend):
             properties["INFERENCE_NUM_THREADS"] = str(config.n_threads)
         if config.precision:
             properties["INFERENCE_PRECISION_HINT"] = config.precision
-        try:
-            self._compiled = core.compile_model(model, self._device, properties)
-        except RuntimeError as exc:
-            raise LocalServeError(f"OpenVINO could not compile {path} for {self._device}: {exc}") from exc
-        self._request = self._compiled.create_infer_request()
-        self._outputs = [self._compiled.output(name) for name in ("logits", *io.present_names)]
         self._model_config = read_model_config(path.parent)
         capacity = plan_capacity(
             io,
@@ -108,13 +115,43 @@ class OpenVinoBackend(KvDecoderBackend):
             kv_tokens=config.kv_tokens,
             batch_tokens=config.batch_tokens,
         )
+        self.static: StaticShapes | None = None
+        graphs = {None: model}  # call shape -> the graph compiled for it (None: dynamic)
+        if needs_static_shapes(self._device, config.static_shapes):
+            self.static = plan_static_shapes(
+                n_ctx=capacity.n_ctx,
+                parallel=capacity.max_num_seqs,
+                batch_tokens=config.batch_tokens,
+                bytes_per_token=io.bytes_per_token,
+                device=self._device,
+            )
+            graphs = {shape: _reshaped(model, shape, io) for shape in {self.static.prefill, self.static.decode}}
+        self._requests: dict[CallShape | None, tuple[object, list[object]]] = {}
+        for shape, graph in graphs.items():
+            try:
+                compiled = core.compile_model(graph, self._device, properties)
+            except RuntimeError as exc:
+                hint = " (static shapes from --ctx-size, --parallel, --batch-tokens: try smaller)" if shape else ""
+                raise LocalServeError(f"OpenVINO could not compile {path} for {self._device}{hint}: {exc}") from exc
+            outputs = [compiled.output(name) for name in ("logits", *io.present_names)]
+            self._requests[shape] = (compiled.create_infer_request(), outputs)
         super().__init__(io, HFTokenizer(path.parent), capacity)
+
+    def _plan(self, chunks: Sequence[SeqChunk]) -> list[tuple[list[SeqChunk], CallShape | None]]:
+        if self.static is None:
+            return super()._plan(chunks)
+        return static_calls(chunks, self.static)  # type: ignore[return-value]
 
     def _infer(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
         # No copies either way: OpenVINO reads our arrays in place, and the
         # caller copies what it keeps of the outputs before the next call.
-        results = self._request.infer(feeds, share_inputs=True, share_outputs=True)
-        logits, *presents = (results[port] for port in self._outputs)
+        shape = None
+        if self.static is not None:
+            rows, new_tokens = feeds["input_ids"].shape
+            shape = CallShape(rows, new_tokens, feeds["attention_mask"].shape[1] - new_tokens)
+        request, outputs = self._requests[shape]
+        results = request.infer(feeds, share_inputs=True, share_outputs=True)  # type: ignore[attr-defined]
+        logits, *presents = (results[port] for port in outputs)
         return logits, presents
 
     def info(self) -> BackendInfo:
@@ -127,9 +164,15 @@ class OpenVinoBackend(KvDecoderBackend):
         )
 
     def close(self) -> None:
-        self._request = None  # type: ignore[assignment]
-        self._compiled = None  # type: ignore[assignment]
+        self._requests = {}
         self._slots = []
+
+
+def _reshaped(model: object, shape: CallShape, io: DecoderIO) -> object:
+    """A copy of `model` with every input fixed to the call shape `shape`."""
+    graph = model.clone()  # type: ignore[attr-defined]
+    graph.reshape(static_input_shapes(shape, io.past_names, io.num_kv_heads, io.head_dim, io.has_position_ids))
+    return graph
 
 
 def _shape(port: object) -> list[object]:

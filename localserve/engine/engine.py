@@ -21,8 +21,10 @@ from localserve.engine.types import Capacity, FinishReason, GenerateRequest, Tok
 from localserve.engine.worker import StepWorker
 from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
 
-#: The error of requests still running when a graceful shutdown's time is up.
-SHUTDOWN_MESSAGE = "server shutting down"
+#: The error of requests still running when a graceful shutdown's time is up,
+#: and of those refused while it drains. The API answers it with a 503
+#: (`engine_stopped`, `Retry-After`): the request was fine, the server is going.
+SHUTDOWN_MESSAGE = "the server is shutting down; retry the request shortly"
 DRAIN_POLL_S = 0.05
 
 
@@ -195,7 +197,7 @@ class Engine:
         """Queue a request; raises at once if it can never run or the queue is full."""
         model = self._model(model_id)
         if self._draining:
-            raise EngineStoppedError("the server is shutting down; retry shortly")
+            raise EngineStoppedError(SHUTDOWN_MESSAGE)
         if not model.worker.alive:
             raise EngineStoppedError(f"model {model_id!r} is not running; reload it")
         n_ctx = model.capacity.n_ctx

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,8 @@ from localserve.jobs.validate import Limits, Validation, read_bodies, validate_f
 
 #: open_model(name) -> (executor, the model id to put in each body)
 ModelOpener = Callable[[str], AbstractAsyncContextManager[tuple[LineExecutor, str]]]
+#: run_pending(validation, local input path, lines not yet answered, journal): answers them into the journal
+PendingRunner = Callable[[Validation, Path, list[LineRef], "Journal"], Awaitable[None]]
 
 
 class BatchFileError(InvalidRequestError):
@@ -75,6 +77,30 @@ async def run_file(
     progress: Progress | None = None,
 ) -> Summary:
     """Run every request of `input_url` not yet answered; see the module docstring."""
+
+    async def run_here(validation: Validation, input_path: Path, pending: list[LineRef], journal: Journal) -> None:
+        assert validation.endpoint is not None and validation.model is not None  # a valid file has both
+        async with open_model(model or validation.model) as (executor, model_id):
+            limit = concurrency or executor.max_in_flight(validation.endpoint, model_id)
+            if progress is not None:
+                progress.start(len(validation.lines), len(validation.lines) - len(pending))
+            await _run_lines(executor, validation.endpoint, model_id, input_path, pending, limit, journal, progress)
+
+    return await process_file(input_url, output_url, run_here, work_dir=work_dir, endpoint=endpoint, limits=limits)
+
+
+async def process_file(
+    input_url: str,
+    output_url: str,
+    run_pending: PendingRunner,
+    *,
+    work_dir: Path,
+    endpoint: str | None = None,
+    limits: Limits | None = None,
+) -> Summary:
+    """Validate `input_url`, hand the lines not yet answered to `run_pending`
+    (which adds their answers to the journal), then publish OUTPUT and the
+    errors file. What `run_file` and the Ray runner share."""
     import fsspec  # heavy: only for this command
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -85,21 +111,45 @@ async def run_file(
         validation = await asyncio.to_thread(validate_file, input_path, endpoint, limits or Limits())
         if not validation.ok:
             raise BatchFileError(validation)
-        assert validation.endpoint is not None and validation.model is not None  # a valid file has both
         existing = await asyncio.to_thread(_read_lines, fsspec, output_url)
         done = {_custom_id(line) for line in existing} | set(journal.outputs)
         pending = [ref for ref in validation.lines if ref.custom_id not in done]
         summary.num_total, summary.num_skipped = len(validation.lines), len(validation.lines) - len(pending)
         if pending:
-            async with open_model(model or validation.model) as (executor, model_id):
-                limit = concurrency or executor.max_in_flight(validation.endpoint, model_id)
-                if progress is not None:
-                    progress.start(len(validation.lines), summary.num_skipped)
-                await _run_lines(executor, validation.endpoint, model_id, input_path, pending, limit, journal, progress)
+            try:
+                await run_pending(validation, input_path, pending, journal)
+            finally:
+                journal.close()
         order = {ref.custom_id: ref.line_no for ref in validation.lines}
         await asyncio.to_thread(_publish, fsspec, summary, existing, journal, order)
     journal.remove()
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One line's result: its output (or error) line and what progress counts."""
+
+    line: str
+    ok: bool
+    num_tokens: int
+
+
+async def answer_line(
+    executor: LineExecutor, endpoint: str, model_id: str, custom_id: str, body: dict[str, Any]
+) -> Answer:
+    """Run one line through `executor` as model `model_id`, sending it again
+    while the model says "not now", and format its result line."""
+    body["model"] = model_id
+    while True:
+        result = await executor.execute(endpoint, body)
+        if result.retry_after_s is None:
+            break
+        await asyncio.sleep(result.retry_after_s)
+    body_json = json.dumps(result.body, ensure_ascii=False)
+    line = result_line(new_id("batch_req_"), custom_id, result.status_code, result.request_id, body_json)
+    usage = result.usage()  # embeddings produce no output tokens: count what they read
+    return Answer(line, result.status_code == 200, usage.get("output_tokens") or usage.get("input_tokens", 0))
 
 
 async def _run_lines(
@@ -120,19 +170,10 @@ async def _run_lines(
         while not queue.empty():
             ref = queue.get_nowait()
             (body,) = await asyncio.to_thread(read_bodies, input_path, [ref])
-            body["model"] = model_id
-            while True:
-                result = await executor.execute(endpoint, body)
-                if result.retry_after_s is None:
-                    break
-                await asyncio.sleep(result.retry_after_s)
-            body_json = json.dumps(result.body, ensure_ascii=False)
-            line = result_line(new_id("batch_req_"), ref.custom_id, result.status_code, result.request_id, body_json)
-            journal.add(ref.custom_id, line, ok=result.status_code == 200)
+            answer = await answer_line(executor, endpoint, model_id, ref.custom_id, body)
+            journal.add(ref.custom_id, answer.line, ok=answer.ok)
             if progress is not None:
-                usage = result.usage()  # embeddings produce no output tokens: count what they read
-                num_tokens = usage.get("output_tokens") or usage.get("input_tokens", 0)
-                progress.advance(ok=result.status_code == 200, num_tokens=num_tokens)
+                progress.advance(ok=answer.ok, num_tokens=answer.num_tokens)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(limit, len(pending))))]
     try:
@@ -141,7 +182,6 @@ async def _run_lines(
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-        journal.close()
         if progress is not None:
             progress.finish()
 

@@ -13,6 +13,10 @@ Two background tasks share the work:
 A line counts an attempt in the store before it runs and stores its answer
 when it ends, so a restart redoes only the lines that were running. A batch
 that is claimed by one task is left alone by the other.
+
+While a batch runs, the runner holds its model (`hold_model`, a lease in the
+server): each line holds it too, but between two lines nothing would, and
+LRU eviction or a short keep_alive could unload it under the batch.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +39,16 @@ log = logging.getLogger(__name__)
 
 MAX_PASSES = 3  # passes over a batch's lines when some fail inside the runner itself
 NUM_RECENT = 5  # finished batches still shown in the stats snapshot
+
+
+#: Holds a model loaded for the duration of an `async with` block (None: the
+#: batch names no single model).
+ModelHolder = Callable[[str | None], AbstractAsyncContextManager[object]]
+
+
+@contextlib.asynccontextmanager
+async def hold_nothing(model: str | None) -> AsyncIterator[None]:
+    yield None
 
 
 class LineExecutor(Protocol):
@@ -56,10 +71,18 @@ class RunnerConfig:
 class BatchRunner:
     """See the module docstring. `start()` / `stop()` from the event loop."""
 
-    def __init__(self, store: JobStore, executor: LineExecutor, config: RunnerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        executor: LineExecutor,
+        config: RunnerConfig | None = None,
+        *,
+        hold_model: ModelHolder = hold_nothing,
+    ) -> None:
         self.store = store
         self.executor = executor
         self.config = config or RunnerConfig()
+        self.hold_model = hold_model
         self._housekeeping_due = asyncio.Event()
         self._execution_due = asyncio.Event()
         self._claimed: set[str] = set()
@@ -188,7 +211,8 @@ class BatchRunner:
             if batch.status is BatchStatus.FINALIZING:  # caught by a restart
                 outcome = BatchStatus.COMPLETED
             elif batch.status is BatchStatus.IN_PROGRESS:
-                outcome = await self._run_lines(batch, stop)
+                async with self.hold_model(batch.model):  # no eviction or keep_alive unload mid-batch
+                    outcome = await self._run_lines(batch, stop)
                 if outcome is BatchStatus.COMPLETED:
                     expect = (BatchStatus.IN_PROGRESS,)
                     updated = await self.store.call(

@@ -135,6 +135,10 @@ def _check_line(raw: bytes, line_no: int, result: Validation) -> tuple[str, dict
     except ValueError:
         result.add(BatchError("invalid_json_line", "This line is not parseable as valid JSON.", line_no))
         return None
+    except RecursionError:  # not a ValueError: left alone it failed the whole validation, retried forever
+        message = "This line is JSON nested too deeply to parse; a request nests a few levels, not thousands."
+        result.add(BatchError("invalid_json_line", message, line_no))
+        return None
     if not isinstance(data, dict):
         result.add(BatchError("invalid_json_line", "This line is not a JSON object.", line_no))
         return None

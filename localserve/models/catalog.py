@@ -12,6 +12,11 @@ An entry lists sources, tried in order when the model is loaded:
   fetched into the model store by `localserve pull` (a folder model lists its
   `files`; `sha256` pins digests where the hub gives none);
 * a local path (`~/models/x.gguf`, `file:///...`), used as is.
+
+An entry's `options` are the model's defaults (`ctx_size`, `parallel`,
+`kv_size`, `device`, `n_gpu_layers`; models/options.py ranks them). In the
+user's file, an entry without `sources` only sets options: for a built-in
+id, or for a model served under that id (`--model ID=PATH`, a pulled model).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -73,6 +79,58 @@ class Source(BaseModel):
         return parse_hub_uri(self.uri, self.files, self.sha256)
 
 
+class ModelOptions(BaseModel):
+    """Per-model load options; None = not set at this level."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ctx_size: int | None = Field(default=None, ge=0)  # per slot; 0 = the model's training context
+    parallel: int | None = Field(default=None, ge=1, le=1024)
+    kv_size: int | None = Field(default=None, ge=0)  # KV cells over all slots; 0 = ctx_size * parallel
+    device: Literal["auto", "cpu", "gpu"] | None = None
+    n_gpu_layers: int | Literal["auto"] | None = None  # -1 = all
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _lower_device(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("n_gpu_layers", mode="before")
+    @classmethod
+    def _gpu_layers(cls, value: Any) -> Any:
+        return parse_gpu_layers(value) if isinstance(value, str | int) and not isinstance(value, bool) else value
+
+    def given(self) -> dict[str, Any]:
+        """The options set at this level."""
+        return self.model_dump(exclude_none=True)
+
+
+def parse_gpu_layers(value: str | int) -> int | str:
+    """`auto`, `all` (-1) or a whole number of layers (-1 = all)."""
+    text = str(value).strip().lower()
+    if text in ("auto", "all"):
+        return "auto" if text == "auto" else -1
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"n_gpu_layers is auto, all or a number of layers; got {value!r}") from None
+    if number < -1:
+        raise ValueError(f"n_gpu_layers is at least -1 (all layers); got {number}")
+    return number
+
+
+class UserOptionsEntry(BaseModel):
+    """A user's file entry without sources: options for a model known elsewhere."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    options: ModelOptions
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        return validate_model_id(value, param="id")
+
+
 class CatalogEntry(BaseModel):
     """A model by id: what it is for and where its weights are."""
 
@@ -83,7 +141,7 @@ class CatalogEntry(BaseModel):
     labels: tuple[str, ...] = ("chat",)
     size_bytes: int = Field(default=0, ge=0)  # approximate, for listings before a download
     license: str = ""
-    options: dict[str, int | float | str | bool] = Field(default_factory=dict)  # ctx_size, parallel, device, ...
+    options: ModelOptions = Field(default_factory=ModelOptions)  # the model's load defaults
     sources: tuple[Source, ...] = Field(min_length=1)
 
     @field_validator("id")
@@ -135,24 +193,59 @@ def user_catalog_path() -> Path:
 
 
 def load_catalog(user_path: Path | None = None) -> dict[str, CatalogEntry]:
-    """Built-in entries, then the user's (which win), by id."""
-    builtin = importlib.resources.files("localserve.models").joinpath("catalog.json").read_text(encoding="utf-8")
-    entries = _parse(builtin, "the built-in catalog")
-    path = user_path if user_path is not None else user_catalog_path()
-    if path.is_file():
-        entries.update(_parse(path.read_text(encoding="utf-8"), str(path)))
+    """Built-in entries, then the user's (which win), by id. A user's entry
+    without sources sets the options of a built-in one (user options win)."""
+    entries = builtin_catalog()
+    user_entries, user_options = _user_catalog(user_path)
+    entries.update(user_entries)
+    for model_id, options in user_options.items():
+        if model_id in entries:
+            merged = ModelOptions(**{**entries[model_id].options.given(), **options.given()})
+            entries[model_id] = entries[model_id].model_copy(update={"options": merged})
     return entries
 
 
-def _parse(text: str, where: str) -> dict[str, CatalogEntry]:
+def option_layers(model_id: str, user_path: Path | None = None) -> tuple[ModelOptions, ModelOptions]:
+    """(the built-in catalog's options, the user's file's options) of a model."""
+    builtin = builtin_catalog().get(model_id)
+    user_entries, user_options = _user_catalog(user_path)
+    user = user_entries.get(model_id)
+    return (
+        builtin.options if builtin is not None else ModelOptions(),
+        user.options if user is not None else user_options.get(model_id, ModelOptions()),
+    )
+
+
+def builtin_catalog() -> dict[str, CatalogEntry]:
+    text = importlib.resources.files("localserve.models").joinpath("catalog.json").read_text(encoding="utf-8")
+    entries, _ = _parse(text, "the built-in catalog", options_only=False)
+    return entries
+
+
+def _user_catalog(user_path: Path | None) -> tuple[dict[str, CatalogEntry], dict[str, ModelOptions]]:
+    path = user_path if user_path is not None else user_catalog_path()
+    if not path.is_file():
+        return {}, {}
+    return _parse(path.read_text(encoding="utf-8"), str(path), options_only=True)
+
+
+def _parse(text: str, where: str, *, options_only: bool) -> tuple[dict[str, CatalogEntry], dict[str, ModelOptions]]:
+    """Entries with sources, and (where allowed) options-only entries, by id."""
+    entries: dict[str, CatalogEntry] = {}
+    options: dict[str, ModelOptions] = {}
     try:
         data = json.loads(text)
-        raw = data["models"] if isinstance(data, dict) else data
-        entries = [CatalogEntry.model_validate(item) for item in raw]
+        for item in data["models"] if isinstance(data, dict) else data:
+            if options_only and isinstance(item, dict) and "sources" not in item:
+                extra = UserOptionsEntry.model_validate(item)
+                options[extra.id] = extra.options
+            else:
+                entry = CatalogEntry.model_validate(item)
+                entries[entry.id] = entry
     except (ValueError, KeyError, TypeError, ValidationError, InvalidRequestError) as exc:
         detail = exc.message if isinstance(exc, InvalidRequestError) else str(exc)
         raise InvalidRequestError(f"{where} is not a valid model catalog: {detail}") from None
-    return {entry.id: entry for entry in entries}
+    return entries, options
 
 
 # ---- where a model's weights are -----------------------------------------------------

@@ -15,11 +15,11 @@ BAR_WIDTH = 30
 def add_convert_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert an embeddings model to GGUF or ONNX into the model store (no torch needed)",
+        help="convert an embeddings model to GGUF, ONNX or OpenVINO IR into the model store (no torch needed)",
         description="Convert a sentence-transformers BERT folder (a built-in ID such as all-minilm-l6-v2, "
-        "a PATH, or ID=PATH) to a llama.cpp GGUF or an ONNX graph in the model store ($LOCALSERVE_HOME/models, else the "
-        "user data directory). `serve` does this on first load; run it ahead to see progress. "
-        "Prints the GGUF's path.",
+        "a PATH, or ID=PATH) to a llama.cpp GGUF, an ONNX graph or OpenVINO IR in the model store "
+        "($LOCALSERVE_HOME/models, else the user data directory). `serve` does this on first load; run it ahead "
+        "to see progress. Prints the converted file's path.",
     )
     parser.add_argument(
         "model", metavar="MODEL", help="a built-in ID, a PATH to a sentence-transformers folder, or ID=PATH"
@@ -27,10 +27,11 @@ def add_convert_command(subparsers: Any) -> None:
     parser.add_argument(
         "--format",
         dest="out_format",
-        choices=("gguf", "onnx"),
+        choices=("gguf", "onnx", "openvino"),
         default="gguf",
-        help="gguf (llama.cpp, what `serve` uses for a built-in ID) or onnx (ONNX Runtime; serve it "
-        "with --model ID=PATH.onnx) (default: gguf)",
+        help="gguf (llama.cpp, what `serve` uses for a built-in ID), onnx (ONNX Runtime; serve it "
+        "with --model ID=PATH.onnx) or openvino (OpenVINO IR; serve it with --model ID=PATH.xml, or use the "
+        "catalog id all-minilm-l6-v2-openvino) (default: gguf)",
     )
     parser.add_argument(
         "--type", dest="out_type", choices=("f32", "f16"), default="f32", help="GGUF weight type (default: f32)"
@@ -49,7 +50,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if oneshot_kind(spec.labels) != EMBEDDINGS or not spec.path.is_dir():
         raise InvalidRequestError(
             f"nothing to convert: {args.model!r} ({spec.path}) is served as it is; "
-            "`convert` turns sentence-transformers folders into GGUF"
+            "`convert` turns sentence-transformers folders into GGUF, ONNX or OpenVINO IR"
         )
     started = time.monotonic()
     bar = ProgressBar(f"converting {spec.model_id}", sys.stderr)
@@ -57,6 +58,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from localserve.models.convert_onnx import cached_onnx
 
         path = cached_onnx(spec.path, spec.model_id, force=args.force, progress=bar)
+    elif args.out_format == "openvino":
+        from localserve.models.convert_openvino import cached_openvino_embeddings
+
+        path = cached_openvino_embeddings(spec.path, spec.model_id, force=args.force, progress=bar)
     else:
         path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=bar)
     bar.finish(path, time.monotonic() - started)
@@ -86,7 +91,8 @@ class ProgressBar:
     def finish(self, path: Path, seconds: float) -> None:
         if self.interactive and self.called:
             self.out.write("\n")
-        size = path.stat().st_size / 1e6
+        weights = path.with_suffix(".bin") if path.suffix == ".xml" else path  # OpenVINO IR: weights in the .bin
+        size = (path.stat().st_size + (weights.stat().st_size if weights != path else 0)) / 1e6
         note = f"converted in {seconds:.1f} s" if self.called else "already converted"
         self.out.write(f"{self.label.replace('converting', 'model')}: {note}, {size:.0f} MB\n")
         self.out.flush()

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from localserve.backends.base import GenerativeBackend
-from localserve.config import ServerSettings
+from localserve.config import MODEL_DEFAULTS, ServerSettings
+from localserve.models.options import ResolvedOptions
 
 LLAMACPP, ONNX, OPENVINO = "llamacpp", "onnx", "openvino"
 
@@ -31,21 +32,24 @@ def backend_kind(path: Path) -> str | None:
     return LLAMACPP if suffix == ".gguf" else None
 
 
-def open_generative(kind: str, path: Path, settings: ServerSettings) -> GenerativeBackend:
-    """Load the model (blocking: reads weights, compiles graphs)."""
-    s = settings
+def open_generative(kind: str, path: Path, settings: ServerSettings, options: ResolvedOptions) -> GenerativeBackend:
+    """Load the model with its resolved per-model `options` (blocking: reads
+    weights, compiles graphs). No GGUF header here, so ctx_size 0 (the
+    model's training context) falls back to the default context."""
+    s, o = settings, options
+    n_ctx = o.ctx_size or int(MODEL_DEFAULTS["ctx_size"])
     if kind == ONNX:
         from localserve.backends.onnx import OnnxBackend, OnnxConfig
 
         return OnnxBackend(
             OnnxConfig(
                 str(path),
-                n_ctx=s.ctx_size,
-                parallel=s.parallel,
-                kv_tokens=s.kv_size,
+                n_ctx=n_ctx,
+                parallel=o.parallel,
+                kv_tokens=o.kv_size,
                 batch_tokens=s.batch_tokens,
                 n_threads=s.threads,
-                device=s.device,
+                device=o.device,
             )
         )
     if kind == OPENVINO:
@@ -54,12 +58,12 @@ def open_generative(kind: str, path: Path, settings: ServerSettings) -> Generati
         return OpenVinoBackend(
             OpenVinoConfig(
                 str(path),
-                n_ctx=s.ctx_size,
-                parallel=s.parallel,
-                kv_tokens=s.kv_size,
+                n_ctx=n_ctx,
+                parallel=o.parallel,
+                kv_tokens=o.kv_size,
                 batch_tokens=s.batch_tokens,
                 n_threads=s.threads,
-                device=s.device,
+                device=o.device,
             )
         )
     raise ValueError(f"no generative backend {kind!r} here (llama.cpp models load through ModelManager)")

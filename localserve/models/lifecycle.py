@@ -14,6 +14,9 @@ kind with LRU eviction of idle models, and `keep_alive` (Ollama's semantics).
   5 minutes for models loaded on demand and forever for the start-up ones).
   0 unloads it as soon as it is idle, a negative value keeps it forever.
 * A reaper task unloads idle models whose keep_alive has run out.
+* `acquire(..., options=...)` (`POST /api/v1/load`) loads with options above
+  every other level (models/options.py); a model loaded with other options
+  must be unloaded first.
 
 Everything here runs on the event loop; only the loads and unloads
 themselves run in threads (inside `ModelManager`).
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError, ModelNotFoundError, QueueFullError
-from localserve.models.catalog import locate
+from localserve.models.catalog import ModelOptions, locate
 from localserve.models.policy import (
     ASR,
     CHAT,
@@ -106,11 +109,15 @@ class ModelLifecycle:
 
     # ---- leases ----------------------------------------------------------------------
 
-    async def acquire(self, model_id: str, *, kind: str | None = None, keep_alive: object = None) -> Lease:
-        """Hold `model_id` loaded (loading it first if needed); 400 for a bad id
-        or the wrong kind, 404 for an unknown model, 503 if no room frees up."""
+    async def acquire(
+        self, model_id: str, *, kind: str | None = None, keep_alive: object = None, options: ModelOptions | None = None
+    ) -> Lease:
+        """Hold `model_id` loaded (loading it first if needed, with `options`
+        if given); 400 for a bad id, the wrong kind or other options than the
+        loaded model's, 404 for an unknown model, 503 if no room frees up."""
         validate_model_id(model_id)
         keep_alive_s = parse_keep_alive(keep_alive)  # type: ignore[arg-type]
+        options = options if options is not None and options.given() else None
         while True:
             self.sync()
             record = self.records.get(model_id)
@@ -119,10 +126,18 @@ class ModelLifecycle:
                 if spec is None:
                     spec = await asyncio.to_thread(self._spec, model_id)
                 _check_kind(model_id, kind_of(spec.labels), kind)
+                if options is not None:
+                    spec = dataclasses.replace(spec, options=options)
                 record = self.records.get(model_id)  # another request may have started it meanwhile
                 if record is None:
                     record = self._start_load(spec)
             _check_kind(model_id, record.kind, kind)
+            if options is not None and record.spec.options != options and record.state != UNLOADING:
+                raise InvalidRequestError(
+                    f"model {model_id!r} is loaded with other options ({record.spec.options.given() or 'its defaults'}); "
+                    "unload it first (POST /api/v1/unload) to load it with these",
+                    param="options",
+                )
             if record.state == UNLOADING:
                 assert record.task is not None
                 await asyncio.shield(record.task)
@@ -180,7 +195,7 @@ class ModelLifecycle:
             raise
         record.state = LOADED
         record.last_used = time.monotonic()
-        self.known_specs[record.model_id] = record.spec
+        self.known_specs[record.model_id] = dataclasses.replace(record.spec, options=ModelOptions())  # next: its own
         log.info("model %s ready (%.1f s)", record.model_id, loaded.load_seconds)
         self._changed.set()
 
@@ -300,6 +315,7 @@ class ModelLifecycle:
                     "in_use": not idle and record.state == LOADED,
                     "keep_alive": format_keep_alive(record.keep_alive_s),
                     "expires_in_s": None if expires_in is None or expires_in == FOREVER else max(0.0, expires_in),
+                    "options": self.manager.load_report(record.model_id) if record.state == LOADED else {},
                 }
             )
         return out

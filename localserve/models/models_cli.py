@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from localserve.errors import LocalServeError
@@ -166,6 +167,7 @@ def catalog_rows() -> list[dict[str, Any]]:
     for entry in sorted(catalog.values(), key=lambda e: e.id):
         row = _row(entry.id, entry.labels, entry.size_bytes)
         row["description"] = entry.description
+        row["default_options"] = entry.options.given()  # the catalog's (with the config file's)
         for source in entry.sources:
             path, origin = local_path(entry, source, store)
             if path is not None:
@@ -213,8 +215,8 @@ def _disk_size(path: Any) -> int:
     return int(path.stat().st_size)
 
 
-def print_rows(rows: list[dict[str, Any]], loaded: dict[str, str] | None) -> None:
-    """The `localserve list` table; `loaded` maps loaded ids to their keep_alive."""
+def print_rows(rows: list[dict[str, Any]], loaded: Mapping[str, Any] | None) -> None:
+    """The `localserve list` table; `loaded` holds the ids a server has loaded (None: no server)."""
     print(f"{'ID':<28} {'LABELS':<18} {'STATUS':<15} {'LOADED':<8} {'SIZE':>9}  PATH")
     for row in rows:
         size = human_bytes(row["size_bytes"]) if row["size_bytes"] else "-"

@@ -46,13 +46,20 @@ def detect_labels(path: Path) -> tuple[str, ...]:
         config = _read_json(path / "config.json")
         if (path / "model.bin").is_file() and "alignment_heads" in config:
             return (TRANSCRIPTION,)
+        if (path / "openvino_encoder_model.xml").is_file():  # an OpenVINO Whisper export
+            return (TRANSCRIPTION,)
         if (path / "model.safetensors").is_file() and config.get("model_type") == "bert":
             return (EMBEDDINGS,)
         return ()
     if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
         return (EMBEDDINGS,)
-    if path.suffix.lower() == ".onnx" and path.with_name(path.stem + ".tokenizer.json").is_file():
-        return (EMBEDDINGS,)  # what `localserve convert --format onnx` writes
+    if path.suffix.lower() == ".bin":
+        from localserve.models.convert_whisper import is_ggml_whisper
+
+        if is_ggml_whisper(path):  # a whisper.cpp model
+            return (TRANSCRIPTION,)
+    if path.suffix.lower() in (".onnx", ".xml") and path.with_name(path.stem + ".tokenizer.json").is_file():
+        return (EMBEDDINGS,)  # what `localserve convert --format onnx|openvino` writes
     return ("chat",)
 
 
@@ -93,6 +100,9 @@ def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings)
 
             onnx_config = OnnxEmbeddingConfig(str(path), device=settings.device, n_threads=settings.threads)
             return OneShotOpened(OnnxEmbeddingBackend(onnx_config), batching, path)
+        if path.suffix.lower() == ".xml" or (path.is_dir() and catalog_backend(model_id) == "openvino"):
+            ov_backend, ir_path = _open_openvino_embeddings(model_id, path, settings)
+            return OneShotOpened(ov_backend, batching, ir_path)
         gguf_path = path
         if path.is_dir():
             from localserve.models.convert import cached_gguf
@@ -100,12 +110,34 @@ def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings)
             gguf_path = cached_gguf(path, model_id, progress=_log_progress(model_id))
         config = LlamaEmbeddingConfig(str(gguf_path), n_threads=settings.threads, device=settings.device)
         return OneShotOpened(LlamaEmbeddingBackend(config), batching, gguf_path)
-    if kind == TRANSCRIPTION:
-        from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
+    if kind == TRANSCRIPTION:  # faster-whisper, whisper.cpp or OpenVINO (see oneshot_speech.py)
+        from localserve.models.oneshot_speech import open_speech
 
-        whisper = WhisperConfig(str(path), device=settings.device, n_threads=settings.threads)
-        return OneShotOpened(FasterWhisperBackend(whisper), batching, path)
+        speech_backend, loaded_path = open_speech(model_id, path, settings)
+        return OneShotOpened(speech_backend, batching, loaded_path)
     raise InvalidRequestError(f"unknown one-shot model kind {kind!r}")
+
+
+def catalog_backend(model_id: str) -> str:
+    """The `backend` of the model's catalog entry ("" if it has none): how a
+    catalog id picks a runtime for a folder that several backends can load."""
+    from localserve.models.catalog import load_catalog
+
+    entry = load_catalog().get(model_id)
+    return entry.backend if entry is not None else ""
+
+
+def _open_openvino_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    """An OpenVINO embeddings backend and the IR it loaded (a folder is
+    converted to IR on first use, without torch)."""
+    from localserve.backends.openvino_embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
+
+    if path.is_dir():
+        from localserve.models.convert_openvino import cached_openvino_embeddings
+
+        path = cached_openvino_embeddings(path, model_id)
+    config = OpenVinoEmbeddingConfig(str(path), device=settings.device, n_threads=settings.threads)
+    return OpenVinoEmbeddingBackend(config), path
 
 
 def _log_progress(model_id: str):  # type: ignore[no-untyped-def]

@@ -10,22 +10,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localserve.backends.base import GenerativeBackend, OneShotBackend
-from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.backends.llamacpp import LlamaCppBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import Batcher
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
-from localserve.models.catalog import load_catalog, locate
+from localserve.models.catalog import ModelOptions, load_catalog, locate
 from localserve.models.generative import ONNX, OPENVINO, backend_kind, open_generative
-from localserve.models.oneshot import detect_labels, oneshot_kind, open_oneshot
+from localserve.models.oneshot import OneShotOpened, detect_labels, oneshot_kind, open_oneshot
+from localserve.models.options import resolve_options
+from localserve.models.plan import LoadReport, plain_report, plan_llamacpp
 from localserve.models.store import is_model_id
+
+log = logging.getLogger(__name__)
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -74,6 +79,7 @@ class ModelSpec:
     path: Path
     labels: tuple[str, ...] = ("chat",)
     backend: str = "llamacpp"  # generative models: llamacpp | onnx | openvino (see models/generative.py)
+    options: ModelOptions = ModelOptions()  # asked for by the load request; above every other level
 
 
 def validate_model_id(model_id: str) -> str:
@@ -145,6 +151,7 @@ class LoadedModel:
     backend: GenerativeBackend
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
+    report: LoadReport | None = None  # the effective options (ctx per slot, slots, GPU layers, KV size)
 
 
 class ModelManager:
@@ -159,17 +166,22 @@ class ModelManager:
         self.loading: set[str] = set()
         self.failed: dict[str, str] = {}
 
-    def backend_config(self, spec: ModelSpec) -> LlamaCppConfig:
-        s = self.settings
-        return LlamaCppConfig(
-            model_path=str(spec.path),
-            n_ctx=s.ctx_size,
-            parallel=s.parallel,
-            kv_tokens=s.kv_size,
-            batch_tokens=s.batch_tokens,
-            n_threads=s.threads,
-            device=s.device,
-        )
+    def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
+        """Resolve the model's options, fit a GGUF to memory, and load it (blocking)."""
+        if spec.backend in (ONNX, OPENVINO):
+            options = resolve_options(spec.model_id, self.settings, spec.options)
+            backend = open_generative(spec.backend, spec.path, self.settings, options)
+            return backend, plain_report(options, backend.capacity(), backend.info().device)
+        plan = plan_llamacpp(spec.model_id, spec.path, self.settings, spec.options)
+        llama = LlamaCppBackend(plan.config)
+        report = plan.report(llama.capacity(), llama.info().device)
+        log.info("%s loads with %s (%s)", spec.model_id, report.summary(), _sources(report.sources))
+        return llama, report
+
+    def load_report(self, model_id: str) -> dict[str, object]:
+        """The effective options of a loaded generative model, as JSON ({} if unknown)."""
+        model = self.loaded.get(model_id)
+        return model.report.to_json() if model is not None and model.report is not None else {}
 
     async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
         if oneshot_kind(spec.labels):
@@ -179,10 +191,7 @@ class ModelManager:
         self.loading.add(spec.model_id)
         started = time.monotonic()
         try:
-            if spec.backend in (ONNX, OPENVINO):
-                backend = await asyncio.to_thread(open_generative, spec.backend, spec.path, self.settings)
-            else:
-                backend = await asyncio.to_thread(LlamaCppBackend, self.backend_config(spec))
+            backend, report = await asyncio.to_thread(self.open_model, spec)
         except LocalServeError as exc:
             self.failed[spec.model_id] = exc.message
             raise
@@ -190,10 +199,13 @@ class ModelManager:
             self.loading.discard(spec.model_id)
         config = EngineConfig(
             max_queue=self.settings.max_queue,
-            scheduler=SchedulerConfig(aging_s=self.settings.aging_s),
+            scheduler=SchedulerConfig(
+                aging_s=self.settings.aging_s,
+                reserved_slots=None if self.settings.reserved_slots < 0 else self.settings.reserved_slots,
+            ),
         )
         self.engine.add_model(spec.model_id, backend, config)
-        loaded = LoadedModel(spec, backend, load_seconds=time.monotonic() - started)
+        loaded = LoadedModel(spec, backend, load_seconds=time.monotonic() - started, report=report)
         self.loaded[spec.model_id] = loaded
         return loaded
 
@@ -216,7 +228,9 @@ class ModelManager:
             if model_id in self.loading:
                 raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
             known = ", ".join(sorted(self.loaded)) or "none"
-            raise ModelNotFoundError(f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model")
+            raise ModelNotFoundError(
+                f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model"
+            )
         return model
 
     # ---- one-shot models (embeddings, speech) ----------------------------------------
@@ -232,7 +246,7 @@ class ModelManager:
         self.loading.add(spec.model_id)
         started = time.monotonic()
         try:
-            opened = await asyncio.to_thread(open_oneshot, kind, spec.model_id, spec.path, self.settings)
+            opened = await asyncio.to_thread(self._open_oneshot, kind, spec)
         except LocalServeError as exc:
             self.failed[spec.model_id] = exc.message
             raise
@@ -242,6 +256,10 @@ class ModelManager:
         loaded = LoadedOneShot(spec, kind, opened.backend, batcher, load_seconds=time.monotonic() - started)
         self.oneshot[spec.model_id] = loaded
         return loaded
+
+    def _open_oneshot(self, kind: str, spec: ModelSpec) -> OneShotOpened:
+        options = resolve_options(spec.model_id, self.settings, spec.options)  # the device, for one-shot models
+        return open_oneshot(kind, spec.model_id, spec.path, options.settings_for(self.settings))
 
     def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
         """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
@@ -269,3 +287,7 @@ class ModelManager:
     async def _close_oneshot(self, model: LoadedOneShot) -> None:
         await asyncio.to_thread(model.batcher.close)
         await asyncio.to_thread(model.backend.close)
+
+
+def _sources(sources: dict[str, str]) -> str:
+    return ", ".join(f"{name} from {source}" for name, source in sources.items())

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.api.harness import ServerThread, make_settings
+from tests.api.test_metrics import scrape, value
 from tests.fixtures.speech import FORMATS, SENTENCE, encode, have_espeak, speak, with_silence, word_error_rate
 
 pytestmark = [
@@ -246,3 +247,21 @@ def _wav_bytes(samples: np.ndarray, rate: int) -> bytes:
         f.setframerate(rate)
         f.writeframes(samples.astype(np.int16).tobytes())
     return buffer.getvalue()
+
+
+# ---- listed and counted like any model -------------------------------------------------------
+
+
+def test_the_model_is_listed_in_v1_models(client: openai.OpenAI, http: httpx.Client) -> None:
+    listed = {m.id: m for m in client.models.list().data}
+    assert MODEL in listed, list(listed)
+    assert listed[MODEL].model_extra["meta"]["kind"] == "transcription"
+    one = http.get(f"/v1/models/{MODEL}")
+    assert one.status_code == 200 and one.json()["meta"]["kind"] == "transcription"
+
+
+def test_metrics_count_requests_under_the_model(http: httpx.Client, wav: Path) -> None:
+    labels = {"model": MODEL, "endpoint": "/v1/audio/transcriptions", "status": "200"}
+    before = value(scrape(http), "localserve_requests_total", **labels)
+    assert post(http, wav.read_bytes()).status_code == 200
+    assert value(scrape(http), "localserve_requests_total", **labels) == before + 1

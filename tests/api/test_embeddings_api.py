@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.api.harness import ServerThread, make_settings
+from tests.api.test_metrics import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +195,25 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
         srv.stop()
     from_llama = vectors(client.embeddings.create(model=MODEL, input=texts))
     assert np.min(np.sum(from_onnx * from_llama, axis=1)) > 0.9999
+
+
+# ---- listed and counted like any model -------------------------------------------------------
+
+
+def test_the_model_is_listed_in_v1_models_and_api_tags(client: openai.OpenAI, http: httpx.Client) -> None:
+    listed = {m.id: m for m in client.models.list().data}
+    assert MODEL in listed, list(listed)
+    assert listed[MODEL].model_extra["meta"]["kind"] == "embeddings"
+    one = http.get(f"/v1/models/{MODEL}")
+    assert one.status_code == 200 and one.json()["id"] == MODEL and one.json()["meta"]["kind"] == "embeddings"
+    assert MODEL in [m["name"] for m in http.get("/api/tags").json()["models"]]
+
+
+def test_metrics_count_requests_under_the_model(client: openai.OpenAI, http: httpx.Client) -> None:
+    labels = {"model": MODEL, "endpoint": "/v1/embeddings", "status": "200"}
+    before = value(scrape(http), "localserve_requests_total", **labels)
+    client.embeddings.create(model=MODEL, input="counted")
+    assert value(scrape(http), "localserve_requests_total", **labels) == before + 1
+    # An unknown model is not a label value (clients could make up any number of them).
+    assert http.post("/v1/embeddings", json={"model": "no-such-model", "input": "x"}).status_code == 404
+    assert all(dict(key).get("model") != "no-such-model" for key in scrape(http)["localserve_requests_total"])

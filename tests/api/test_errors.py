@@ -253,6 +253,8 @@ def test_backend_error_mid_stream_is_an_sse_error(small_server: ServerThread) ->
         error = json.loads(events[-1][len("data: ") :])["error"]
         assert error["code"] == "backend_error"
         assert any('"content":"' in e and '"content":""' not in e for e in events[:-1])  # tokens came first
+        # The choice ends with an error finish reason before the error event.
+        assert json.loads(events[-2][len("data: ") :])["choices"][0]["finish_reason"] == "error"
         set_fault(small_server, FailAfter(3))
         stream = sdk.chat.completions.create(
             model=MODEL_ID, messages=HELLO, max_tokens=64, stream=True, extra_body={"ignore_eos": True}

@@ -5,6 +5,7 @@ honours cancel and expiry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -197,3 +198,35 @@ async def test_validation_limits_come_from_the_config(store: JobStore) -> None:
     done = await wait_for(store, batch.id, finished)
     await runner.stop()
     assert done.status is BatchStatus.FAILED and done.errors[0]["code"] == "too_many_requests"
+
+
+async def test_the_batch_model_is_held_while_its_lines_run(store: JobStore) -> None:
+    """Every line runs inside the runner's hold on the batch's model (in the
+    server: a lease, so LRU and keep_alive cannot unload it between lines)."""
+    executor = FakeExecutor(concurrency=2, delay_s=0.005)
+    events: list[str] = []
+    held_during: list[bool] = []
+
+    @contextlib.asynccontextmanager
+    async def hold(model: str | None) -> AsyncIterator[None]:
+        events.append(f"hold {model}")
+        try:
+            yield
+        finally:
+            events.append(f"release {model}")
+
+    original = executor.execute
+
+    async def execute(endpoint: str, body: dict[str, object]) -> object:
+        held_during.append(events[-1:] == ["hold m"])
+        return await original(endpoint, body)
+
+    executor.execute = execute  # type: ignore[method-assign]
+    runner = BatchRunner(store, executor, RunnerConfig(), hold_model=hold)
+    await runner.start()
+    batch = await submit(store, runner, [request_line(f"c{i}", n=i) for i in range(6)])
+    done = await wait_for(store, batch.id, finished)
+    await runner.stop()
+    assert done.status is BatchStatus.COMPLETED and done.num_completed == 6
+    assert events == ["hold m", "release m"]  # once per batch, released when it ends
+    assert held_during == [True] * 6

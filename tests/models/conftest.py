@@ -1,15 +1,18 @@
 """Fixtures of the model-management tests: a private LOCALSERVE_HOME, a user
-catalog, and a fake hub that HF_ENDPOINT points at."""
+catalog, a fake hub that HF_ENDPOINT points at, and real servers over a
+catalog of tiny GGUF models."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.api.harness import ServerThread, make_settings
+from tests.fixtures.tiny_gguf import write_tiny_llama
 from tests.models.hub import FakeHub
 
 
@@ -36,3 +39,35 @@ def hub(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 def write_catalog(path: Path, entries: list[dict[str, Any]]) -> Path:
     path.write_text(json.dumps({"models": entries}), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("tiny-models")
+    return {name: write_tiny_llama(folder / f"{name}.gguf", seed=seed) for seed, name in enumerate("abcd")}
+
+
+@pytest.fixture
+def catalog(home: Path, tmp_path: Path, tiny_models: dict[str, Path]) -> Path:
+    entries: list[dict[str, Any]] = [
+        {"id": f"tiny-{name}", "labels": ["chat"], "sources": [{"uri": str(path)}]}
+        for name, path in tiny_models.items()
+    ]
+    entries.append({"id": "hub-tiny", "labels": ["chat"], "sources": [{"uri": "hf://test/tiny-gguf/tiny.gguf"}]})
+    return write_catalog(tmp_path / "catalog.json", entries)
+
+
+@pytest.fixture
+def start_server(catalog: Path) -> Iterator[Callable[..., ServerThread]]:
+    servers: list[ServerThread] = []
+
+    def start(**overrides: Any) -> ServerThread:
+        settings = make_settings(models=[], parallel=2, ctx_size=512, kv_size=1024, threads=1, **overrides)
+        server = ServerThread(settings).start()
+        servers.append(server)
+        server.wait_healthy(30)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

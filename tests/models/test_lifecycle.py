@@ -15,6 +15,7 @@ import pytest
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError, QueueFullError
 from localserve.models import lifecycle as lifecycle_module
+from localserve.models.catalog import ModelOptions
 from localserve.models.lifecycle import ModelLifecycle
 from localserve.models.registry import ModelSpec
 
@@ -59,6 +60,9 @@ class FakeManager:
         self.loaded[spec.model_id] = Loaded(spec)
         self.engine.models.add(spec.model_id)
         return self.loaded[spec.model_id]
+
+    def load_report(self, model_id: str) -> dict[str, Any]:
+        return {"ctx_per_slot": 512} if model_id in self.loaded else {}
 
     async def unload(self, model_id: str) -> None:
         self.unloads.append(model_id)
@@ -199,7 +203,38 @@ async def test_unload_and_describe() -> None:
     await use(lifecycle, "a", keep_alive="10m")
     [row] = lifecycle.describe()
     assert row["id"] == "a" and row["keep_alive"] == "10m" and 590 < row["expires_in_s"] <= 600  # type: ignore[operator]
+    assert row["options"] == {"ctx_per_slot": 512}  # the manager's load report
     await lifecycle.unload("a")
     assert manager.unloads == ["a"] and lifecycle.describe() == []
     with pytest.raises(ModelNotFoundError):
         await lifecycle.unload("a")
+
+
+async def test_load_options_go_to_the_load_and_other_options_need_an_unload() -> None:
+    lifecycle, manager = make()
+    wanted = ModelOptions(ctx_size=1024, parallel=2)
+    lifecycle.release(await lifecycle.acquire("a", options=wanted))
+    assert lifecycle.records["a"].spec.options == wanted
+    lifecycle.release(await lifecycle.acquire("a"))  # plain requests use it as loaded
+    lifecycle.release(await lifecycle.acquire("a", options=ModelOptions(ctx_size=1024, parallel=2)))
+    with pytest.raises(InvalidRequestError, match="unload it first") as exc:
+        await lifecycle.acquire("a", options=ModelOptions(ctx_size=2048))
+    assert exc.value.param == "options"
+    await lifecycle.unload("a")
+    lifecycle.release(await lifecycle.acquire("a"))  # loaded again on demand: its own options, not the request's
+    assert lifecycle.records["a"].spec.options == ModelOptions() and manager.loads == ["a", "a"]
+
+
+async def test_a_held_lease_outlives_keep_alive_zero_and_lru() -> None:
+    """What the batch runner relies on: while it holds a model, neither the
+    reaper nor a load that needs room unloads it."""
+    lifecycle, manager = make("chat=1", keep_alive="0")
+    held = await lifecycle.acquire("a")
+    await use(lifecycle, "a", keep_alive=0)  # a line of the batch, asking to unload right after it
+    assert await lifecycle.reap() > 0 and manager.unloads == []
+    other = asyncio.create_task(use(lifecycle, "b"))
+    await asyncio.sleep(0.3)
+    assert not other.done() and manager.unloads == [] and "a" in manager.loaded
+    lifecycle.release(held)
+    await asyncio.wait_for(other, 2)
+    assert manager.unloads == ["a"]

@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,45 +17,11 @@ import httpx
 import pytest
 
 from localserve.models.store import ModelStore
-from tests.api.harness import ServerThread, make_settings
-from tests.fixtures.tiny_gguf import write_tiny_llama
-from tests.models.conftest import write_catalog
+from tests.api.harness import ServerThread
 from tests.models.hub import FakeHub
 from tests.models.test_store_catalog import BAD_IDS
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("tiny-models")
-    return {name: write_tiny_llama(folder / f"{name}.gguf", seed=seed) for seed, name in enumerate("abcd")}
-
-
-@pytest.fixture
-def catalog(home: Path, tmp_path: Path, tiny_models: dict[str, Path]) -> Path:
-    entries: list[dict[str, Any]] = [
-        {"id": f"tiny-{name}", "labels": ["chat"], "sources": [{"uri": str(path)}]}
-        for name, path in tiny_models.items()
-    ]
-    entries.append({"id": "hub-tiny", "labels": ["chat"], "sources": [{"uri": "hf://test/tiny-gguf/tiny.gguf"}]})
-    return write_catalog(tmp_path / "catalog.json", entries)
-
-
-@pytest.fixture
-def start_server(catalog: Path) -> Iterator[Callable[..., ServerThread]]:
-    servers: list[ServerThread] = []
-
-    def start(**overrides: Any) -> ServerThread:
-        settings = make_settings(models=[], parallel=2, ctx_size=512, kv_size=1024, threads=1, **overrides)
-        server = ServerThread(settings).start()
-        servers.append(server)
-        server.wait_healthy(30)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def chat(http: httpx.Client, model: str, **extra: Any) -> httpx.Response:

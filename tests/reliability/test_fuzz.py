@@ -13,10 +13,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-
-pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (pip install hypothesis)")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localserve.backends import template_sandbox
@@ -268,11 +266,6 @@ def test_jsonl_validation_accounts_for_every_line(tmp_path_factory: pytest.TempP
         assert len({ref.custom_id for ref in result.lines}) == len(result.lines)
 
 
-@pytest.mark.xfail(
-    reason="jobs/validate.py: json.loads raises RecursionError (not ValueError) on deep nesting; "
-    "the runner then retries the validation forever",
-    strict=True,
-)
 def test_jsonl_deeply_nested_line_is_an_error_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "deep.jsonl"
     path.write_bytes(b"[" * 100_000 + b"\n")
@@ -282,6 +275,7 @@ def test_jsonl_deeply_nested_line_is_an_error_not_a_crash(tmp_path: Path) -> Non
         result = None  # failed below, outside the handler: a RecursionError's traceback is too deep to show
     assert result is not None, "validate_file raised RecursionError"
     assert not result.ok and result.errors[0].line == 1
+    assert result.errors[0].code == "invalid_json_line" and "nested too deeply" in result.errors[0].message
 
 
 @pytest.mark.slow
@@ -317,11 +311,6 @@ def test_random_audio_bytes_are_a_400_not_a_500(fuzz_server: ServerThread, head:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/audio.py read_form and api/files.py upload_file let aiohttp's multipart reader raise "
-    "ValueError('Reading after EOF' / 'Invalid boundary ...') and RuntimeError (unknown encoding): a 500",
-)
 @FUZZ
 @given(st.binary(max_size=2048), st.sampled_from(["xyz", "----b", ""]))
 def test_malformed_multipart_is_a_400_not_a_500(fuzz_server: ServerThread, body: bytes, boundary: str) -> None:
@@ -333,3 +322,32 @@ def test_malformed_multipart_is_a_400_not_a_500(fuzz_server: ServerThread, body:
             timeout=60,
         )
         assert 400 <= response.status_code < 500, (route, response.status_code, response.text)
+        if response.status_code == 400:
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["message"], error
+
+
+def _multipart(fields: dict[str, str], filename: str, content: bytes) -> tuple[bytes, str]:
+    """A well-formed multipart body and its Content-Type, as httpx sends it."""
+    request = httpx.Request("POST", "http://x/", data=fields, files={"file": (filename, content)})
+    return request.read(), request.headers["Content-Type"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["/v1/audio/transcriptions", "/v1/files"])
+def test_truncated_multipart_is_a_400_that_says_so(fuzz_server: ServerThread, route: str) -> None:
+    """An upload cut short (a client that died, a proxy's limit) is the
+    client's fault: a 400 that says the body is malformed or truncated."""
+    fields = {"model": SPEECH_MODEL} if "audio" in route else {"purpose": "batch"}
+    body, content_type = _multipart(fields, "input.bin", b"RIFF" + bytes(range(256)) * 40)
+    for cut in (len(body) // 3, len(body) // 2, len(body) - 40, len(body) - 3):
+        response = httpx.post(
+            f"{fuzz_server.base_url}{route}",
+            headers={**HEADERS, "Content-Type": content_type},
+            content=body[:cut],
+            timeout=60,
+        )
+        assert response.status_code == 400, (cut, response.status_code, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert "malformed or truncated" in error["message"], error["message"]

@@ -5,6 +5,7 @@ document and no hang."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import re
@@ -160,7 +161,8 @@ def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, 
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(fuzz_server: ServerThread, tmp_path: Path) -> None:
-    pytest.importorskip("schemathesis", reason="needs schemathesis (pip install schemathesis)")
+    # A test dependency (the `test` extra): missing, it fails here rather than skip.
+    assert importlib.util.find_spec("schemathesis"), "schemathesis is missing: pip install -e '.[test]'"
     models = set(fuzz_server.manager.loaded) | set(fuzz_server.manager.oneshot)
     doc = bounded_document(
         build_document(fuzz_server.app),
@@ -181,8 +183,11 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(fuzz_server: Serve
         "--mode", "all",
         "--no-shrink",
         "--request-timeout", "60",
-        "--workers", "2",
-        "--seed", "1234",
+        # One worker: Python 3.11 before 3.11.8 can raise a spurious SystemError in
+        # `ast.parse` run by two threads at once (CPython gh-106905), which
+        # hypothesis does while describing strategies; the server is the bottleneck anyway.
+        "--workers", "1",
+        "--seed", os.environ.get("LOCALSERVE_FUZZ_SEED", "1234"),
         "--exclude-path-regex", EXCLUDED_PATHS,
         *[arg for op in EXCLUDED_OPERATIONS for arg in ("--exclude-operation-id", op)],
         "--suppress-health-check", "all",

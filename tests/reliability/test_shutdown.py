@@ -2,13 +2,13 @@
 the requests in flight finish for up to `--shutdown-timeout` seconds, then
 ends the rest with an error, and exits 0:
 
-* a stream still running at the deadline gets one SSE event
-  `data: {"error": {"message": "server shutting down", "type": "server_error",
-  "code": "backend_error", ...}}` and ends without `[DONE]` (the engine ends
-  it with `FinishReason.ERROR`);
-* a non-streaming request still running gets a 500 with that envelope;
-* a request that reaches the engine while it drains gets a 503
-  (`engine_stopped`) with `Retry-After`.
+* a stream still running at the deadline gets a last chunk with
+  `finish_reason: "error"`, then one SSE event `data: {"error": {"message":
+  SHUTDOWN_MESSAGE, "type": "server_error", "code": "engine_stopped", ...}}`
+  and ends without `[DONE]` (the engine ends it with `FinishReason.ERROR`);
+* a non-streaming request still running gets a 503 with that envelope and
+  `Retry-After` (the request was fine: retry it once the server is back);
+* a request that reaches the engine while it drains gets the same 503.
 
 Batch jobs lose nothing: the batch runner stops first (lines in flight are
 redone after a restart), and the restarted server finishes the batch."""
@@ -90,25 +90,60 @@ def drain_server() -> Iterator[ServerThread]:
         srv.stop()
 
 
+def assert_engine_stopped(response: httpx.Response) -> None:
+    """A 503 `engine_stopped` envelope that tells the client to retry."""
+    assert response.status_code == 503, response.text
+    assert response.json()["error"] == {
+        "message": SHUTDOWN_MESSAGE,
+        "type": "server_error",
+        "param": None,
+        "code": "engine_stopped",
+    }
+    assert response.headers["Retry-After"] == "1"
+    assert "shutting down" in SHUTDOWN_MESSAGE and "retry" in SHUTDOWN_MESSAGE
+
+
+def assert_ended_by_shutdown(stream: StreamWatcher) -> None:
+    """Its last chunk says `finish_reason: "error"`, then the error event, no `[DONE]`."""
+    assert stream.error is None, stream.error
+    assert stream.finish_reason() == "error", stream.events[-3:]
+    last = json.loads(stream.events[-1][1])
+    assert last["error"]["message"] == SHUTDOWN_MESSAGE and last["error"]["code"] == "engine_stopped", last
+    assert last["error"]["type"] == "server_error"
+    assert all(data != "[DONE]" for _, data in stream.events)
+
+
 def test_drain_refuses_new_requests_then_ends_the_rest(drain_server: ServerThread) -> None:
     long = StreamWatcher(drain_server.base_url, chat("Write a long essay.", max_tokens=1800, ignore_eos=True))
+    plain: list[httpx.Response] = []
+    plain_thread = threading.Thread(
+        target=lambda: plain.append(
+            httpx.post(
+                f"{drain_server.base_url}/v1/chat/completions",
+                json=chat("Write a book.", max_tokens=1800, ignore_eos=True),
+                timeout=300,
+            )
+        ),
+        daemon=True,
+    )
     long.start()
+    plain_thread.start()
     assert long.first_token.wait(120) and long.error is None
+    assert drain_server.wait_in_flight(lambda n: n == 2, timeout=60) == 2
     drained_at = time.monotonic()
     future = asyncio.run_coroutine_threadsafe(drain_server.engine.drain(2.0), drain_server.loop)
     time.sleep(0.3)
     refused = httpx.post(f"{drain_server.base_url}/v1/chat/completions", json=chat("Hi", max_tokens=4), timeout=60)
-    assert refused.status_code == 503, refused.text
-    assert refused.json()["error"]["code"] == "engine_stopped"
-    assert refused.headers["Retry-After"] == "1"
-    assert future.result(60) == 1  # the long stream was ended
+    assert_engine_stopped(refused)
+    assert future.result(60) == 2  # the long stream and the non-streaming request were ended
     long.join(60)
-    assert long.error is None
-    # It kept streaming while the drain waited, then got the error event.
+    plain_thread.join(60)
+    # The stream went on while the drain waited, then ended with an error finish and event.
     assert long.tokens_after(drained_at + 0.5) > 0
     assert long.ended_at - drained_at >= 1.5  # not before the drain's deadline (2 s)
-    last = json.loads(long.events[-1][1])
-    assert last["error"]["message"] == SHUTDOWN_MESSAGE and last["error"]["type"] == "server_error"
+    assert_ended_by_shutdown(long)
+    assert plain, "the non-streaming request got no answer"
+    assert_engine_stopped(plain[0])
     assert drain_server.num_in_flight() == 0
 
 
@@ -165,15 +200,13 @@ def test_sigterm_drains_then_exits_zero(server_process: Any) -> None:
     # The short request, in flight at the signal, finished normally.
     assert short.error is None and short.events[-1][1] == "[DONE]", short.events[-3:]
     assert short.finish_reason() == "length"
-    # The long stream went on during the drain, then ended with the error event at the deadline.
-    assert long.error is None, long.error
+    # The long stream went on during the drain, then ended with the error finish and event at the deadline.
     assert long.tokens_after(signalled_at + 0.5) > 0
     assert long.ended_at - signalled_at >= 0.8 * SHUTDOWN_TIMEOUT_S
-    last = json.loads(long.events[-1][1])
-    assert last["error"]["message"] == SHUTDOWN_MESSAGE, last
-    # The non-streaming one: a 500 envelope that says why.
-    assert plain and plain[0].status_code == 500, plain[0].text if plain else None
-    assert plain[0].json()["error"]["message"] == SHUTDOWN_MESSAGE
+    assert_ended_by_shutdown(long)
+    # The non-streaming one: a 503 envelope that says why and to retry.
+    assert plain, "the non-streaming request got no answer"
+    assert_engine_stopped(plain[0])
     assert "ended 2 requests still running" in log
     print(
         f"\nSIGTERM: connections refused after {refused_at - signalled_at:.2f} s; short stream done "

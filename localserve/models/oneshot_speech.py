@@ -1,0 +1,73 @@
+"""Which speech backend serves a Whisper model, and opening it.
+
+A CTranslate2 folder is served by faster-whisper, unless its catalog entry
+names another backend (`whisper.cpp`, `openvino`): then it is converted once
+into that backend's format, cached in the model store. A path that already
+is a whisper.cpp ggml file or an OpenVINO Whisper IR folder is served by
+that backend directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from localserve.backends.base import OneShotBackend
+from localserve.config import ServerSettings
+from localserve.models.convert import Progress
+
+log = logging.getLogger(__name__)
+
+FASTER_WHISPER, WHISPER_CPP, OPENVINO = "whisper", "whisper.cpp", "openvino"
+SPEECH_BACKENDS = (FASTER_WHISPER, WHISPER_CPP, OPENVINO)
+
+
+def speech_backend(model_id: str, path: Path) -> str:
+    """The backend for `path`: by its format, else by the catalog entry."""
+    from localserve.models.convert_whisper import is_ggml_whisper
+    from localserve.models.convert_whisper_openvino import is_openvino_whisper
+    from localserve.models.oneshot import catalog_backend
+
+    if path.is_file() and is_ggml_whisper(path):
+        return WHISPER_CPP
+    if is_openvino_whisper(path):
+        return OPENVINO
+    backend = catalog_backend(model_id)
+    return backend if backend in SPEECH_BACKENDS else FASTER_WHISPER
+
+
+def open_speech(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    """The backend and what it loaded (blocking: converts on first use)."""
+    backend = speech_backend(model_id, path)
+    device = settings.device or "auto"  # None: nobody asked for one
+    if backend == WHISPER_CPP:
+        from localserve.backends.whisper_cpp import WhisperCppBackend, WhisperCppConfig
+        from localserve.models.convert_whisper import cached_ggml
+
+        if path.is_dir():
+            path = cached_ggml(path, model_id, progress=_log_progress(model_id, "whisper.cpp ggml"))
+        return WhisperCppBackend(WhisperCppConfig(str(path), device, settings.threads)), path
+    if backend == OPENVINO:
+        from localserve.backends.openvino_whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig
+        from localserve.models.convert_whisper_openvino import cached_openvino, is_openvino_whisper
+
+        if not is_openvino_whisper(path):
+            path = cached_openvino(path, model_id, progress=_log_progress(model_id, "OpenVINO IR"))
+        return OpenVinoWhisperBackend(OpenVinoWhisperConfig(str(path), device, settings.threads)), path
+    from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
+
+    return FasterWhisperBackend(WhisperConfig(str(path), device=device, n_threads=settings.threads)), path
+
+
+def _log_progress(model_id: str, target: str) -> Progress:
+    last = [-1]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        quarter = 4 * done // max(1, total)
+        if stage == "done":
+            log.info("converted %s to %s", model_id, target)
+        elif quarter != last[0]:
+            last[0] = quarter
+            log.info("converting %s to %s: %d%% (%s)", model_id, target, 100 * done // max(1, total), stage)
+
+    return progress

@@ -1,0 +1,124 @@
+"""What a model is loaded with: its options resolved (models/options.py),
+fitted to the machine (models/fit.py) for a GGUF, turned into the backend's
+config, and reported (the load log, `/api/v1/stats`, `/api/v1/loaded`,
+`localserve list`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localserve.backends.llamacpp import LlamaCppConfig
+from localserve.config import ServerSettings
+from localserve.engine.types import Capacity
+from localserve.models.catalog import ModelOptions
+from localserve.models.fit import MIB, Fit, FitRequest, fit_model, probe_memory
+from localserve.models.gguf_shape import GgufShape, read_gguf_shape
+from localserve.models.options import ResolvedOptions, check_gpu_request, resolve_options
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """The effective options of a loaded model, and why they are what they are."""
+
+    ctx_per_slot: int
+    parallel: int
+    kv_tokens: int
+    kv_bytes: int  # 0 when unknown (not a GGUF)
+    n_gpu_layers: int  # layers offloaded (all of them: n_layers)
+    n_layers: int  # 0 when unknown
+    device: str
+    sources: dict[str, str] = field(default_factory=dict)  # option -> where its value came from
+    notes: tuple[str, ...] = ()  # what the auto-fit decided
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ctx_per_slot": self.ctx_per_slot,
+            "parallel": self.parallel,
+            "kv_tokens": self.kv_tokens,
+            "kv_mib": round(self.kv_bytes / MIB, 1),
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_layers": self.n_layers,
+            "device": self.device,
+            "sources": dict(self.sources),
+            "fit": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """One line for the load log and `localserve list`."""
+        gpu = f"{self.n_gpu_layers}/{self.n_layers}" if self.n_layers else str(self.n_gpu_layers)
+        kv = f", KV {self.kv_bytes / MIB:.0f} MiB" if self.kv_bytes else ""
+        return f"ctx {self.ctx_per_slot} x {self.parallel} slots, GPU layers {gpu}{kv}"
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppPlan:
+    """A GGUF model's backend config, and what to report once it is loaded."""
+
+    config: LlamaCppConfig
+    options: ResolvedOptions
+    shape: GgufShape
+    fit: Fit
+
+    def report(self, capacity: Capacity, device: str) -> LoadReport:
+        """The report, with the context the backend really made."""
+        per_slot = capacity.n_ctx
+        return LoadReport(
+            ctx_per_slot=per_slot,
+            parallel=capacity.max_num_seqs,
+            kv_tokens=capacity.kv_tokens,
+            kv_bytes=capacity.kv_tokens * self.shape.kv_bytes_per_cell,
+            n_gpu_layers=self.fit.num_gpu_layers if device != "CPU" else 0,
+            n_layers=self.shape.n_layers,
+            device=device,
+            sources=self.options.sources,
+            notes=self.fit.notes,
+        )
+
+
+def plan_llamacpp(model_id: str, path: Path, settings: ServerSettings, request: ModelOptions) -> LlamaCppPlan:
+    """Resolve, check and fit a GGUF model's options (blocking: reads the GGUF header and the catalog)."""
+    options = resolve_options(model_id, settings, request)
+    memory = probe_memory()
+    check_gpu_request(model_id, options, memory.gpu_offload)
+    shape = read_gguf_shape(path)
+    want = FitRequest(
+        ctx_size=options.ctx_size,
+        parallel=options.parallel,
+        kv_size=options.kv_size,
+        n_gpu_layers=options.n_gpu_layers,
+        use_gpu=options.device != "cpu",
+    )
+    fit = fit_model(shape, memory, want)
+    config = LlamaCppConfig(
+        model_path=str(path),
+        n_ctx=fit.n_ctx,
+        parallel=fit.parallel,
+        kv_tokens=0,  # the fit folded kv_size into the per-slot context already
+        batch_tokens=settings.batch_tokens,
+        n_threads=settings.threads,
+        device=options.device,
+        n_gpu_layers=fit.n_gpu_layers,
+    )
+    for note in fit.notes:
+        log.info("%s: %s", model_id, note)
+    return LlamaCppPlan(config, options, shape, fit)
+
+
+def plain_report(options: ResolvedOptions, capacity: Capacity, device: str) -> LoadReport:
+    """The report of a model without a GGUF (ONNX, OpenVINO): no fit, no layer counts."""
+    return LoadReport(
+        ctx_per_slot=capacity.n_ctx,
+        parallel=capacity.max_num_seqs,
+        kv_tokens=capacity.kv_tokens,
+        kv_bytes=0,
+        n_gpu_layers=0,
+        n_layers=0,
+        device=device,
+        sources=options.sources,
+    )
