@@ -102,8 +102,10 @@ async def _drain(app: web.Application) -> None:
     """Once the server has stopped accepting connections: stop the batch
     runner (its lines in flight are aborted and redone after a restart, so no
     batch line fails for the shutdown), then let the requests in flight finish
-    for up to `--shutdown-timeout` seconds; the rest end with an error
-    ("server shutting down"). New requests on open connections get 503."""
+    for up to `--shutdown-timeout` seconds; the rest end with a 503
+    `engine_stopped` ("the server is shutting down; retry ..."), streams with
+    `finish_reason: "error"` and the error event. New requests on open
+    connections get the same 503."""
     runner = app[JOBS].runner
     if runner is not None:
         await runner.stop()

@@ -55,6 +55,7 @@ from localserve import __version__
 from localserve.api.middleware import parse_body
 from localserve.api.sse import SseWriter
 from localserve.api.state import MANAGER, STATE
+from localserve.backends.devices import cached_snapshot
 from localserve.engine.types import PRIORITY_ALIASES, priority_class
 from localserve.errors import InvalidRequestError
 from localserve.models.registry import ModelManager
@@ -80,6 +81,17 @@ class StatsState:
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     _cpu_percent: float = 0.0
     _cpu_sampled_at: float = 0.0
+    _devices: asyncio.Future[tuple[dict[str, object], ...]] | None = None
+
+    def devices(self) -> list[dict[str, object]]:
+        """What each backend sees (`localserve devices`). Probing imports the
+        backends and asks the hardware, so it runs once, off the event loop,
+        on the first snapshot; until it is done the list is empty."""
+        if self._devices is None:
+            self._devices = asyncio.get_running_loop().run_in_executor(None, cached_snapshot)
+        if self._devices.done() and self._devices.exception() is None:
+            return list(self._devices.result())
+        return []
 
     def cpu_percent(self) -> float:
         """Process CPU use (100 = one core), resampled at most every CPU_SAMPLE_S,
@@ -162,6 +174,7 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
         "requests": requests,
         "one_shot": _one_shot_stats(state, manager),
         "batches": [_batch_entry(batch) for batch in _call_hook(state.batches, [])],
+        "devices": state.devices(),
     }
 
 

@@ -1,18 +1,21 @@
 """Fitting a GGUF model to this machine's memory: how many layers go to the
 GPU and how long a context each slot gets.
 
-The KV cache is one stream per slot (backends/llamacpp.py), so it takes
-`n_ctx * parallel * kv_bytes_per_cell` bytes, split between the GPU (the
-offloaded layers) and RAM (the rest). The fit:
+The KV cache (backends/llamacpp.py) is one stream of `n_ctx` cells per slot,
+or, when `kv_size` is below `n_ctx * parallel`, one pool of `kv_size` cells
+the slots share. It takes `cells * kv_bytes_per_cell` bytes, split between
+the GPU (the offloaded layers) and RAM (the rest). The fit:
 
 1. asks for `ctx_size` per slot (0: the model's training context), never
-   more than the training context, nor than `kv_size // parallel`;
+   more than the training context;
 2. offloads layers: none on a build without GPU offload (`auto` says so),
    else as many as the free GPU memory holds with their weights and their
    share of the KV cache (`auto`), or the number asked for;
-3. shortens the context until the KV cache left in RAM fits the memory
-   budget: available RAM (psutil) minus the weights kept in RAM, the
-   compute buffers and a headroom for everything else.
+3. cuts the KV cache until the part left in RAM fits the memory budget:
+   available RAM (psutil) minus the weights kept in RAM, the compute buffers
+   and a headroom for everything else. Streams get a shorter context per
+   slot; a shared pool gets fewer cells (and the context, only if the pool
+   would hold less than one slot's worth).
 
 `fit_model` is pure (tests feed it made-up numbers); `probe_memory` reads
 the machine.
@@ -71,16 +74,14 @@ class Fit:
 
     n_ctx: int  # per slot
     parallel: int
+    kv_tokens: int  # KV cells of all slots together
+    shared_pool: bool  # kv_tokens < n_ctx * parallel: the slots share one pool (else one stream each)
     n_gpu_layers: int  # -1 = all (output head included)
     n_layers: int
     kv_bytes: int  # the whole KV cache, every slot
     kv_bytes_gpu: int
     weight_bytes_ram: int
     notes: tuple[str, ...] = field(default=())
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.n_ctx * self.parallel
 
     @property
     def num_gpu_layers(self) -> int:
@@ -95,10 +96,8 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     if shape.n_ctx_train and ctx > shape.n_ctx_train:
         notes.append(f"ctx {ctx} > the model's training context: {shape.n_ctx_train}")
         ctx = shape.n_ctx_train
-    if want.kv_size and want.kv_size // parallel < ctx:
-        ctx = max(16, want.kv_size // parallel)
-        notes.append(f"kv_size {want.kv_size} / {parallel} slots: ctx {ctx} per slot")
-    layers = _gpu_layers(shape, memory, want, ctx * parallel, notes)
+    cells = max(want.kv_size, ctx) if 0 < want.kv_size < ctx * parallel else ctx * parallel
+    layers = _gpu_layers(shape, memory, want, cells, notes)
     on_gpu = shape.n_layers if layers == ALL_LAYERS else layers
     kv_gpu_per_cell = sum(shape.kv_bytes_per_layer[:on_gpu])
     kv_ram_per_cell = shape.kv_bytes_per_cell - kv_gpu_per_cell
@@ -107,17 +106,20 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
         weights_ram -= _output_bytes(shape)
     if kv_ram_per_cell:
         budget = memory.ram_available - weights_ram - _compute_bytes(shape, ctx, parallel) - _ram_headroom(memory)
-        ctx = _cap_ctx(ctx, budget, kv_ram_per_cell * parallel, f"{_gib(max(0, budget))} of free RAM", notes)
+        ctx, cells = _cap_cells(ctx, cells, parallel, budget // kv_ram_per_cell, f"{_gib(budget)} of free RAM", notes)
     if on_gpu and kv_gpu_per_cell:
         budget = memory.gpu_free - sum(shape.layer_bytes[:on_gpu]) - _gpu_headroom(memory)
-        ctx = _cap_ctx(ctx, budget, kv_gpu_per_cell * parallel, f"{_gib(max(0, budget))} of free GPU memory", notes)
+        what = f"{_gib(budget)} of free GPU memory"
+        ctx, cells = _cap_cells(ctx, cells, parallel, budget // kv_gpu_per_cell, what, notes)
     return Fit(
         n_ctx=ctx,
         parallel=parallel,
+        kv_tokens=cells,
+        shared_pool=cells < ctx * parallel,
         n_gpu_layers=layers,
         n_layers=shape.n_layers,
-        kv_bytes=ctx * parallel * shape.kv_bytes_per_cell,
-        kv_bytes_gpu=ctx * parallel * kv_gpu_per_cell,
+        kv_bytes=cells * shape.kv_bytes_per_cell,
+        kv_bytes_gpu=cells * kv_gpu_per_cell,
         weight_bytes_ram=weights_ram,
         notes=tuple(notes),
     )
@@ -152,19 +154,27 @@ def _gpu_layers(shape: GgufShape, memory: Memory, want: FitRequest, kv_tokens: i
     return layers
 
 
-def _cap_ctx(ctx: int, budget: int, bytes_per_ctx_token: int, what: str, notes: list[str]) -> int:
-    """`ctx`, or the longest per-slot context whose KV cache fits `budget`."""
-    if ctx * bytes_per_ctx_token <= budget:
-        return ctx
-    fitting = max(0, budget) // bytes_per_ctx_token // CTX_STEP * CTX_STEP
-    if fitting < MIN_CTX:
+def _cap_cells(ctx: int, cells: int, parallel: int, max_cells: int, what: str, notes: list[str]) -> tuple[int, int]:
+    """(ctx per slot, KV cells) cut so that at most `max_cells` cells are needed:
+    streams (cells = ctx * parallel) lose context per slot; a shared pool
+    loses cells first, and context only below one slot's worth."""
+    if cells <= max_cells:
+        return ctx, cells
+    shared = cells < ctx * parallel
+    fitting_ctx = max(0, max_cells) // (1 if shared else parallel) // CTX_STEP * CTX_STEP
+    if fitting_ctx < MIN_CTX:
         raise InvalidRequestError(
-            f"not enough memory for the KV cache: {what} holds {max(0, fitting)} tokens per slot, "
+            f"not enough memory for the KV cache: {what} holds {max(0, fitting_ctx)} tokens per slot, "
             f"{MIN_CTX} at least are needed; lower --parallel or --ctx-size, or unload another model",
             param="ctx_size",
         )
-    notes.append(f"ctx {ctx} -> {fitting} per slot: the KV cache must fit {what}")
-    return fitting
+    if shared:
+        pool = max(0, max_cells) // CTX_STEP * CTX_STEP
+        new_ctx = min(ctx, pool)
+        notes.append(f"shared KV pool {cells} -> {pool} cells (ctx {new_ctx} per slot): it must fit {what}")
+        return new_ctx, pool
+    notes.append(f"ctx {ctx} -> {fitting_ctx} per slot: the KV cache of {parallel} slots must fit {what}")
+    return fitting_ctx, fitting_ctx * parallel
 
 
 def _compute_bytes(shape: GgufShape, ctx: int, parallel: int) -> int:
@@ -190,6 +200,7 @@ def _gpu_headroom(memory: Memory) -> int:
 
 
 def _gib(num_bytes: int) -> str:
+    num_bytes = max(0, num_bytes)
     return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / MIB:.0f} MiB"
 
 

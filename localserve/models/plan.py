@@ -42,6 +42,7 @@ class LoadReport:
             "parallel": self.parallel,
             "kv_tokens": self.kv_tokens,
             "kv_mib": round(self.kv_bytes / MIB, 1),
+            "kv_shared": self.kv_tokens < self.ctx_per_slot * self.parallel,  # one pool for all slots
             "n_gpu_layers": self.n_gpu_layers,
             "n_layers": self.n_layers,
             "device": self.device,
@@ -53,6 +54,8 @@ class LoadReport:
         """One line for the load log and `localserve list`."""
         gpu = f"{self.n_gpu_layers}/{self.n_layers}" if self.n_layers else str(self.n_gpu_layers)
         kv = f", KV {self.kv_bytes / MIB:.0f} MiB" if self.kv_bytes else ""
+        if self.kv_tokens < self.ctx_per_slot * self.parallel:
+            kv += f" (one pool of {self.kv_tokens} cells)"
         return f"ctx {self.ctx_per_slot} x {self.parallel} slots, GPU layers {gpu}{kv}"
 
 
@@ -99,7 +102,7 @@ def plan_llamacpp(model_id: str, path: Path, settings: ServerSettings, request: 
         model_path=str(path),
         n_ctx=fit.n_ctx,
         parallel=fit.parallel,
-        kv_tokens=0,  # the fit folded kv_size into the per-slot context already
+        kv_tokens=fit.kv_tokens if fit.shared_pool else 0,  # 0: one stream of n_ctx cells per slot
         batch_tokens=settings.batch_tokens,
         n_threads=settings.threads,
         device=options.device,

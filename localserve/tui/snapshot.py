@@ -128,6 +128,7 @@ class Snapshot:
     one_shot: tuple[OneShotView, ...] = ()
     loading: tuple[str, ...] = ()
     load_errors: Mapping[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # "backend: DEV,DEV" per backend that is installed
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
@@ -147,6 +148,11 @@ class Snapshot:
             one_shot=tuple(_one_shot(k, v) for k, v in _map(data, "one_shot").items() if isinstance(v, Mapping) and v),
             loading=tuple(str(m) for m in _list(data, "loading")),
             load_errors={str(k): str(v) for k, v in _map(data, "load_errors").items()},
+            devices=tuple(
+                f"{_str(d, 'backend')}: {','.join(str(x) for x in _list(d, 'devices'))}"
+                for d in _list(data, "devices")
+                if isinstance(d, Mapping) and d.get("available")
+            ),
         )
 
     def by_class(self, key: str) -> dict[str, int]:

@@ -167,9 +167,22 @@ def test_zero_asks_for_the_training_context_and_more_is_capped() -> None:
     assert capped.n_ctx == 4096 and any("training context" in n for n in capped.notes)
 
 
-def test_kv_size_splits_over_the_slots() -> None:
-    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4, kv_size=8192))
-    assert fit.n_ctx == 2048 and fit.kv_tokens == 8192
+def test_a_kv_size_below_ctx_times_parallel_is_one_shared_pool() -> None:
+    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4, kv_size=12288))
+    assert (fit.n_ctx, fit.kv_tokens, fit.shared_pool) == (8192, 12288, True)
+    assert fit.kv_bytes == 12288 * 10 * 1000
+    at_least_a_slot = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4, kv_size=1000))
+    assert (at_least_a_slot.n_ctx, at_least_a_slot.kv_tokens) == (8192, 8192)  # as llama.cpp gets it
+    streams = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=2048, parallel=4, kv_size=8192))
+    assert (streams.n_ctx, streams.kv_tokens, streams.shared_pool) == (2048, 8192, False)
+
+
+def test_little_ram_shrinks_a_shared_pool_before_the_context() -> None:
+    model = shape()  # 10 kB per cell
+    memory = Memory(ram_available=int(3.5 * GIB), ram_total=8 * GIB)  # about 1.2 GiB left for the KV cache
+    fit = fit_model(model, memory, FitRequest(ctx_size=32768, parallel=8, kv_size=200_000))
+    assert fit.shared_pool and fit.n_ctx == 32768 and 32768 <= fit.kv_tokens < 200_000
+    assert any("shared KV pool 200000 ->" in note for note in fit.notes)
 
 
 def test_little_ram_shortens_the_context_to_what_fits() -> None:

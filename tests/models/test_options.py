@@ -133,6 +133,10 @@ def test_config_file_options_reach_llama_cpp(user_catalog: Path, tiny_gguf_path:
     assert flagged.backend.capacity().max_num_seqs == 2
     requested = load(ServerSettings(threads=1, parallel=2), dataclasses.replace(spec, options=ModelOptions(parallel=5)))
     assert requested.backend.capacity().max_num_seqs == 5  # the load request beats the flag
+    pooled = load(ServerSettings(threads=1, ctx_size=256, parallel=4, kv_size=512), spec)
+    capacity = pooled.backend.capacity()
+    assert (capacity.n_ctx, capacity.max_num_seqs, capacity.kv_tokens) == (256, 4, 512)  # one pool for 4 slots
+    assert pooled.report is not None and pooled.report.to_json()["kv_shared"] is True
 
 
 @pytest.mark.skipif(not CPU_BUILD, reason="this llama-cpp-python build has GPU offload")

@@ -75,3 +75,16 @@ def test_parsing_is_lenient() -> None:
 
 def test_durations_read_well() -> None:
     assert [fmt_duration(s) for s in (0, 59.9, 65, 3725, 90000)] == ["0s", "59s", "1m05s", "1h02m", "1d01h"]
+
+
+def test_devices_of_installed_backends_are_listed() -> None:
+    snap = Snapshot.from_json(
+        {
+            "devices": [
+                {"backend": "llamacpp", "available": True, "devices": ["CPU", "CUDA0"]},
+                {"backend": "openvino", "available": False, "devices": []},
+                "junk",
+            ]
+        }
+    )
+    assert snap.devices == ("llamacpp: CPU,CUDA0",)

@@ -28,6 +28,7 @@ SNAPSHOT_KEYS = {
     "requests",
     "one_shot",
     "batches",
+    "devices",
 }
 
 
@@ -53,6 +54,19 @@ async def test_snapshot_of_a_server_without_models() -> None:
     process = body["process"]
     assert process["rss_bytes"] > 0 and process["pid"] > 0 and process["num_cpus"] >= 1
     assert process["cpu_percent"] >= 0
+
+
+async def test_devices_appear_once_probed_off_the_event_loop() -> None:
+    async with serve(empty_app()) as client:
+        first = await (await client.get("/api/v1/stats")).json()
+        assert isinstance(first["devices"], list)  # empty until the probe is done
+        for _ in range(100):
+            devices = (await (await client.get("/api/v1/stats")).json())["devices"]
+            if devices:
+                break
+            await asyncio.sleep(0.1)
+    by_backend = {d["backend"]: d for d in devices}
+    assert by_backend["llamacpp"]["devices"] == ["CPU"] and "onnx" in by_backend and "openvino" in by_backend
 
 
 async def test_stream_sends_a_snapshot_per_interval() -> None:

@@ -87,6 +87,8 @@ class ServerHeader(Widget):
             text.append(f"  v{snap.version}  up {fmt_duration(snap.uptime_s)}", style="dim")
             text.append(f"  CPU {proc.cpu_percent:.0f}%")
             text.append(f"  RSS {fmt_bytes(proc.rss_bytes)}")
+            if snap.devices:
+                text.append(f"  devices {'  '.join(snap.devices)}", style="dim")
         if self.paused:
             text.append("  ⏸ PAUSED (p resumes)", style="bold reverse yellow")
         for line in self._model_lines():
