@@ -56,6 +56,10 @@ class RayUnavailableError(LocalServeError):
     """`--ray` without the `ray` extra installed."""
 
 
+class ReplicaError(LocalServeError):
+    """A replica or Ray itself failed; the message ends with the replica's error."""
+
+
 async def run_file_on_ray(
     input_url: str,
     output_url: str,
@@ -141,6 +145,9 @@ def _run_pending(
         if progress is not None:
             progress.start(num_total, num_total - len(pending))
         _collect(results, journal, progress)
+    except ray.exceptions.RayError as exc:  # e.g. a replica could not load the model on its node
+        cause = [line for line in str(exc).splitlines() if line.strip()][-1:] or [type(exc).__name__]
+        raise ReplicaError(f"the Ray job failed; answers so far are kept for a rerun: {cause[0].strip()}") from exc
     finally:
         if started_here:
             ray.shutdown()
