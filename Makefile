@@ -37,7 +37,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make run      install (if needed) and serve the default model on 127.0.0.1:8400; ARGS='--port 9000 ...'"
 	@echo "make test     install (if needed) and run the test suite; PYTEST_ARGS='-k cli ...'"
-	@echo "make install  create .venv and install localserve with its test and convert dependencies"
+	@echo "make install  create .venv and install localserve with its test, convert and ray dependencies"
 	@echo "make lint     ruff and mypy"
 	@echo "make clean    remove caches and build files; make distclean also removes .venv"
 
@@ -63,7 +63,7 @@ $(CONVERT_STAMP): $(STAMP)
 		$(BIN)/python -m pip install 'torch==$(TORCH_VERSION)+cpu' || \
 		$(BIN)/python -m pip install --index-url $(TORCH_INDEX) 'torch==$(TORCH_VERSION)+cpu'; \
 	fi
-	$(BIN)/python -m pip install -e '.[test,convert]'
+	$(BIN)/python -m pip install -e '.[test,convert,ray]'
 	touch $(CONVERT_STAMP)
 
 $(DEV_STAMP): $(STAMP)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,27 @@ def tiny_gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.tiny_gguf import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
+
+
+# ---- process exit --------------------------------------------------------------------------------
+# One test process loads llama.cpp, whisper.cpp, CTranslate2, onnxruntime, OpenVINO, torch and Ray.
+# Once, after every test had passed, CI's run aborted while the interpreter finalized ("Fatal Python
+# error: PyThreadState_Get ... finalizing"): native code calling into Python after teardown began.
+# The libraries' log callbacks are now reset at exit (backends/llamacpp.py, whisper_cpp.py); as a
+# second guard, the test process ends right after pytest's own teardown, with pytest's status,
+# instead of finalizing the interpreter. Servers started by tests exit normally and are checked.
+_exit_status: int | None = None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _exit_status is None or os.environ.get("LOCALSERVE_TEST_FINALIZE"):  # set it to see a finalization crash
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)

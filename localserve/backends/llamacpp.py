@@ -8,6 +8,7 @@ each sequence samples with its own sampler chain.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
@@ -65,6 +66,10 @@ def _init_llama() -> None:
 
         _log_callback = forward
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        # Native code may still log while the interpreter finalizes (static
+        # destructors, threads of contexts freed late); a Python callback then
+        # aborts the process. Hand logging back to llama.cpp's own before that.
+        atexit.register(llama_cpp.llama_log_set, llama_cpp.llama_log_callback(), ctypes.c_void_p(0))  # NULL: the default
 
 
 def available_devices() -> list[str]:

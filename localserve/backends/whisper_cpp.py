@@ -13,6 +13,8 @@ of batching that faster-whisper gets is not available here.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 import threading
@@ -163,7 +165,15 @@ def _load(pw: Any, path: Path, params: Any) -> tuple[Any, list[str]]:
             ctx = pw.whisper_init_from_file_with_params(str(path), params)
         finally:
             pw.whisper_log_set(_log)
+            _reset_log_at_exit(pw)
     return ctx, messages
+
+
+@functools.cache
+def _reset_log_at_exit(pw: Any) -> None:
+    """A Python log callback called while the interpreter finalizes aborts the
+    process: give whisper.cpp its own logger back before that."""
+    atexit.register(pw.whisper_log_set, None)
 
 
 def _log(level: int, text: str) -> None:

@@ -165,6 +165,7 @@ class ModelManager:
         self.oneshot: dict[str, LoadedOneShot] = {}  # embeddings and speech models
         self.loading: set[str] = set()
         self.failed: dict[str, str] = {}
+        self._pending: dict[str, asyncio.Future[LoadedModel | LoadedOneShot]] = {}
 
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
         """Resolve the model's options, fit a GGUF to memory, and load it (blocking)."""
@@ -184,8 +185,20 @@ class ModelManager:
         return model.report.to_json() if model is not None and model.report is not None else {}
 
     async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
-        if oneshot_kind(spec.labels):
-            return await self.load_oneshot(spec)
+        """Load `spec` once: callers that ask while it loads (the start-up
+        list, an on-demand request, a resumed batch's lease) share that load."""
+        done = self.oneshot.get(spec.model_id) or self.loaded.get(spec.model_id)
+        if done is not None:
+            return done
+        pending = self._pending.get(spec.model_id)
+        if pending is None:
+            opener = self.load_oneshot if oneshot_kind(spec.labels) else self._load_generative
+            pending = asyncio.ensure_future(opener(spec))
+            self._pending[spec.model_id] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(spec.model_id, None))
+        return await asyncio.shield(pending)
+
+    async def _load_generative(self, spec: ModelSpec) -> LoadedModel:
         if spec.model_id in self.loaded:
             return self.loaded[spec.model_id]
         self.loading.add(spec.model_id)

@@ -8,6 +8,7 @@ import json
 import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from localserve import cli
@@ -42,6 +43,8 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         "FSSPEC_S3_ENDPOINT_URL": endpoint,  # fsspec passes it to s3fs as endpoint_url
     }.items():
         monkeypatch.setenv(name, value)
+    # moto keeps its buckets per process, not per server: start from an empty store.
+    httpx.post(f"{endpoint}/moto-api/reset", timeout=30).raise_for_status()
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
     fs.mkdir(BUCKET)
     try:

@@ -164,3 +164,31 @@ def test_smollm2_context_auto_fits_the_memory_it_is_given(home: Path, monkeypatc
     assert fitted.report is not None and fitted.report.ctx_per_slot == capacity.n_ctx
     assert any("must fit" in note for note in fitted.report.notes)
     assert fitted.report.kv_bytes < small.ram_available - 1 * GIB  # what the budget left after the headroom
+
+
+def test_concurrent_loads_of_one_model_share_one_load(tiny_gguf_path: Path) -> None:
+    """The start-up list, an on-demand request and a resumed batch's lease may
+    all ask for a model while it loads: one load, one engine entry."""
+    spec = resolve(f"tiny={tiny_gguf_path}")
+
+    async def run() -> list[LoadedModel]:
+        manager = ModelManager(Engine(), ServerSettings(threads=1, ctx_size=256, parallel=2))
+        opened = 0
+        real_open = manager.open_model
+
+        def counting_open(s: ModelSpec):  # type: ignore[no-untyped-def]
+            nonlocal opened
+            opened += 1
+            return real_open(s)
+
+        manager.open_model = counting_open  # type: ignore[method-assign]
+        try:
+            loaded = await asyncio.gather(*(manager.load(spec) for _ in range(3)))
+            assert opened == 1 and list(manager.engine.stats()) == ["tiny"]
+            assert await manager.load(spec) is loaded[0]  # and later asks get the loaded one
+            return loaded  # type: ignore[return-value]
+        finally:
+            await manager.engine.close()
+
+    first, second, third = asyncio.run(run())
+    assert first is second is third
