@@ -49,11 +49,15 @@ class SamplerChain:
         self._count = 0
         self._cands: np.ndarray | None = None
         self._ids: np.ndarray | None = None
-        limit = 1 << 62 if params.ignore_eos else params.min_tokens
+        # ignore_eos: a native logit-bias sampler masks end-of-generation for good;
+        # min_tokens: the Python path masks it for the first tokens only.
+        limit = 0 if params.ignore_eos else params.min_tokens
         self._eog = np.fromiter(sorted(eog_token_ids), dtype=np.int64) if limit and eog_token_ids else None
         self._suppress_until = limit if self._eog is not None else 0
         try:
             samplers, self._grammar = _samplers(params, vocab, n_vocab)
+            if params.ignore_eos and eog_token_ids:
+                samplers.insert(0, _mask(sorted(eog_token_ids), n_vocab))
             for sampler in samplers:
                 llama_cpp.llama_sampler_chain_add(self._chain, sampler)
         except BaseException:
@@ -110,6 +114,13 @@ class SamplerChain:
         if self._grammar is not None:
             llama_cpp.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def _mask(token_ids: list[int], n_vocab: int) -> llama_cpp.llama_sampler_p:
+    biases = (llama_cpp.llama_logit_bias * len(token_ids))()
+    for i, token in enumerate(token_ids):
+        biases[i].token, biases[i].bias = token, float("-inf")
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(token_ids), biases)
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
