@@ -9,7 +9,10 @@ Rules (see DESIGN.md, "Scheduler rules"):
   to prompt work earliest-deadline-first: the next chunk of a running
   sequence's prompt and the first chunk of a waiting one compete on equal
   terms, so an interactive prompt is never queued behind a batch prompt that
-  happened to start earlier. A step is never prefill-only by rule.
+  happened to start earlier. A step is never prefill-only by rule, with one
+  exception: `batch` work sits out a step that computes an interactive (or
+  default) prompt, unless aging has already put it ahead of that prompt, so
+  that step, the prompt's time to first token, is as short as when idle.
 * Reserved slots: sequences of `batch_priority` or lower priority never hold
   more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
   default request finds a free slot at once under a saturating batch load,
@@ -41,6 +44,7 @@ Rules (see DESIGN.md, "Scheduler rules"):
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -178,23 +182,24 @@ class Scheduler:
         """Choose the next step's KV edits and token chunks."""
         plan = _StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
         prompt_work: list[Sequence] = []
+        batch_decodes: list[Sequence] = []
         for seq in sorted(self._running, key=_decode_first):
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 prompt_work.append(seq)
+            elif seq.priority >= self.config.batch_priority:
+                batch_decodes.append(seq)
             elif seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
                 self._schedule_running(seq, plan)
-        waiting = set(self._waiting)
-        admitting = True
-        for seq in sorted(prompt_work + self._waiting, key=_order):
-            if plan.budget <= 0:
-                break
-            if seq not in waiting:
-                if seq.status is SeqStatus.RUNNING:
-                    self._schedule_running(seq, plan)
-            elif admitting and seq.status is SeqStatus.WAITING:
-                if seq.priority >= self.config.batch_priority and self._num_batch_running() >= self._max_batch_seqs:
-                    continue  # the reserved slots stay free for interactive work
-                admitting = self._admit(seq, plan)
+        held = min(len(batch_decodes), plan.budget)  # room kept for the batch decodes
+        plan.budget -= held
+        urgent_deadline = self._schedule_prompt_work(prompt_work, plan)
+        plan.budget += held
+        for seq in batch_decodes:
+            # Batch work sits out a step that computes an interactive prompt
+            # (that step is the prompt's time to first token), unless aging
+            # has already put it ahead of that prompt.
+            if seq.status is SeqStatus.RUNNING and seq.deadline <= urgent_deadline:
+                self._schedule_running(seq, plan)
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
@@ -251,6 +256,30 @@ class Scheduler:
             self._preempt(seq, plan, keep_cache=False)
             return
         plan.add(seq, num_new)
+
+    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: _StepPlan) -> float:
+        """Prompt chunks of running sequences and admissions of waiting ones,
+        earliest deadline first. Once a non-batch prompt is in the step, batch
+        prompts stay out of it. Returns the earliest deadline of a non-batch
+        prompt in the step (infinity if none)."""
+        waiting = set(self._waiting)
+        admitting, urgent_deadline = True, math.inf
+        for seq in sorted(prompt_work + self._waiting, key=_order):
+            if plan.budget <= 0:
+                break
+            is_batch = seq.priority >= self.config.batch_priority
+            if is_batch and seq.deadline > urgent_deadline:
+                continue
+            if seq not in waiting:
+                if seq.status is SeqStatus.RUNNING:
+                    self._schedule_running(seq, plan)
+            elif admitting and seq.status is SeqStatus.WAITING:
+                if is_batch and self._num_batch_running() >= self._max_batch_seqs:
+                    continue  # the reserved slots stay free for interactive work
+                admitting = self._admit(seq, plan)
+            if not is_batch and seq in plan.scheduled:
+                urgent_deadline = min(urgent_deadline, seq.deadline)
+        return urgent_deadline
 
     def _num_batch_running(self) -> int:
         return sum(1 for s in self._running if s.priority >= self.config.batch_priority)

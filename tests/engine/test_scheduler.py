@@ -112,6 +112,33 @@ def test_batch_work_leaves_the_reserved_slots_free_for_interactive_work():
     assert all(driver.records[f"b{i}"].last.num_output_tokens == 50 for i in range(10))
 
 
+def test_batch_work_sits_out_the_step_of_an_interactive_prompt():
+    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=SchedulerConfig(reserved_slots=2))
+    for i in range(4):
+        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=30)
+    driver.step()
+    driver.add("late", prompt(900, 20), priority=2.0, max_tokens=3)  # a batch prompt that also waits
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
+    batch = driver.step()
+    assert [c.seq_id for c in batch.chunks] == [driver.seq_ids["chat"]]  # only the interactive prompt
+    batch = driver.step()
+    assert len(batch.chunks) == 6  # then everyone: 4 batch decodes, the chat decode, the late prompt
+    driver.run()
+    assert driver.records["chat"].token_ids == run_alone(prompt(5000, 10), max_tokens=3)
+    assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=30) for i in range(4))
+
+
+def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
+    config = SchedulerConfig(reserved_slots=1, aging_s=10.0)
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
+    driver.add("old", prompt(0, 4), priority=2.0, max_tokens=60)
+    for _ in range(25):  # 25 s: its deadline (t0 + 20 s) is now earlier than a new interactive one
+        driver.step()
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
+    batch = driver.step()
+    assert driver.chunk(batch, "old") is not None and driver.chunk(batch, "chat") is not None
+
+
 def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
     from localserve.engine.scheduler import reserved_slots
 
@@ -125,8 +152,9 @@ def test_an_interactive_prompt_is_not_queued_behind_a_batch_prompt_being_chunked
     driver.step()  # the batch prompt's first chunk
     driver.add("chat", prompt(500, 6), priority=0.0, max_tokens=2)
     batch = driver.step()
-    assert len(driver.chunk(batch, "chat").token_ids) == 6  # its whole prompt, first
-    assert len(driver.chunk(batch, "batch").token_ids) == 2  # the batch prompt gets the rest
+    assert len(driver.chunk(batch, "chat").token_ids) == 6  # its whole prompt, first ...
+    assert driver.chunk(batch, "batch") is None  # ... and alone: the batch prompt waits a step
+    assert driver.chunk(driver.step(), "batch") is not None
     driver.run()
     assert driver.records["chat"].finish_time < driver.records["batch"].finish_time
     assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
