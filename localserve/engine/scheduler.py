@@ -13,6 +13,8 @@ Rules (see DESIGN.md, "Scheduler rules"):
   exception: `batch` work sits out a step that computes an interactive (or
   default) prompt, unless aging has already put it ahead of that prompt, so
   that step, the prompt's time to first token, is as short as when idle.
+  And batch prompts get at most `batch_prompt_tokens` of a step, so the step
+  an interactive arrival has to wait for is never a long batch prefill.
 * Reserved slots: sequences of `batch_priority` or lower priority never hold
   more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
   default request finds a free slot at once under a saturating batch load,
@@ -71,6 +73,7 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
     batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
     reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
+    batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step (bounds the step an arrival waits for)
 
 
 def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
@@ -264,12 +267,15 @@ class Scheduler:
         prompt in the step (infinity if none)."""
         waiting = set(self._waiting)
         admitting, urgent_deadline = True, math.inf
+        batch_budget = self.config.batch_prompt_tokens
         for seq in sorted(prompt_work + self._waiting, key=_order):
             if plan.budget <= 0:
                 break
             is_batch = seq.priority >= self.config.batch_priority
-            if is_batch and seq.deadline > urgent_deadline:
+            if is_batch and (seq.deadline > urgent_deadline or batch_budget <= 0):
                 continue
+            withheld = max(0, plan.budget - batch_budget) if is_batch else 0
+            plan.budget -= withheld  # batch work: a short step for whoever arrives while it runs
             if seq not in waiting:
                 if seq.status is SeqStatus.RUNNING:
                     self._schedule_running(seq, plan)
@@ -277,7 +283,10 @@ class Scheduler:
                 if is_batch and self._num_batch_running() >= self._max_batch_seqs:
                     continue  # the reserved slots stay free for interactive work
                 admitting = self._admit(seq, plan)
-            if not is_batch and seq in plan.scheduled:
+            if is_batch:
+                batch_budget -= plan.scheduled.get(seq, 0)
+                plan.budget += withheld
+            elif seq in plan.scheduled:
                 urgent_deadline = min(urgent_deadline, seq.deadline)
         return urgent_deadline
 

@@ -139,6 +139,20 @@ def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
     assert driver.chunk(batch, "old") is not None and driver.chunk(batch, "chat") is not None
 
 
+def test_batch_prompts_take_short_chunks_so_an_arrival_waits_little():
+    config = SchedulerConfig(reserved_slots=1, batch_prompt_tokens=16)
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
+    driver.add("batch", prompt(0, 40), priority=2.0, max_tokens=2)
+    driver.add("other", prompt(500, 30), priority=2.0, max_tokens=2)
+    batches = [driver.step() for _ in range(4)]
+    sizes = [sum(len(c.token_ids) for c in b.chunks if not driver.is_decode(c)) for b in batches]
+    assert sizes == [16, 16, 16, 16]  # never the whole 64-token budget for batch prompts
+    driver.add("default", prompt(900, 40), priority=1.0, max_tokens=2)
+    assert len(driver.chunk(driver.step(), "default").token_ids) == 40  # other work keeps the full budget
+    driver.run()
+    assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
+
+
 def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
     from localserve.engine.scheduler import reserved_slots
 
