@@ -13,7 +13,8 @@ Rules (see DESIGN.md, "Scheduler rules"):
   exception: `batch` work sits out a step that computes an interactive (or
   default) prompt, unless aging has already put it ahead of that prompt, so
   that step, the prompt's time to first token, is as short as when idle.
-  And batch prompts get at most `batch_prompt_tokens` of a step, so the step
+  And batch prompts get at most `batch_prompt_tokens` of a step (fewer,
+  `batch_prompt_tokens_busy`, while other work runs or waits), so the step
   an interactive arrival has to wait for is never a long batch prefill.
 * Reserved slots: sequences of `batch_priority` or lower priority never hold
   more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
@@ -73,7 +74,8 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
     batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
     reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
-    batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step (bounds the step an arrival waits for)
+    batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step, batch work alone
+    batch_prompt_tokens_busy: int = 32  # ... while other work runs or waits: short steps for whoever arrives
 
 
 def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
@@ -267,7 +269,9 @@ class Scheduler:
         prompt in the step (infinity if none)."""
         waiting = set(self._waiting)
         admitting, urgent_deadline = True, math.inf
-        batch_budget = self.config.batch_prompt_tokens
+        bp = self.config.batch_priority
+        busy = any(s.priority < bp for s in self._running) or any(s.priority < bp for s in self._waiting)
+        batch_budget = self.config.batch_prompt_tokens_busy if busy else self.config.batch_prompt_tokens
         for seq in sorted(prompt_work + self._waiting, key=_order):
             if plan.budget <= 0:
                 break

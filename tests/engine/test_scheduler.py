@@ -140,7 +140,7 @@ def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
 
 
 def test_batch_prompts_take_short_chunks_so_an_arrival_waits_little():
-    config = SchedulerConfig(reserved_slots=1, batch_prompt_tokens=16)
+    config = SchedulerConfig(reserved_slots=1, batch_prompt_tokens=16, batch_prompt_tokens_busy=4)
     driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
     driver.add("batch", prompt(0, 40), priority=2.0, max_tokens=2)
     driver.add("other", prompt(500, 30), priority=2.0, max_tokens=2)
@@ -148,7 +148,11 @@ def test_batch_prompts_take_short_chunks_so_an_arrival_waits_little():
     sizes = [sum(len(c.token_ids) for c in b.chunks if not driver.is_decode(c)) for b in batches]
     assert sizes == [16, 16, 16, 16]  # never the whole 64-token budget for batch prompts
     driver.add("default", prompt(900, 40), priority=1.0, max_tokens=2)
-    assert len(driver.chunk(driver.step(), "default").token_ids) == 40  # other work keeps the full budget
+    batch = driver.step()
+    assert len(driver.chunk(batch, "default").token_ids) == 40  # other work keeps the full budget ...
+    assert sum(len(c.token_ids) for c in batch.chunks if not driver.is_decode(c)) == 40  # (its step: alone)
+    batch = driver.step()
+    assert sum(len(c.token_ids) for c in batch.chunks if not driver.is_decode(c)) == 4  # ... batch gets less
     driver.run()
     assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
 
