@@ -278,14 +278,14 @@ class Scheduler:
             is_batch = seq.priority >= self.config.batch_priority
             if is_batch and (seq.deadline > urgent_deadline or batch_budget <= 0):
                 continue
+            if is_batch and seq in waiting and self._num_batch_running() >= self._max_batch_seqs:
+                continue  # the reserved slots stay free for interactive work
             withheld = max(0, plan.budget - batch_budget) if is_batch else 0
             plan.budget -= withheld  # batch work: a short step for whoever arrives while it runs
             if seq not in waiting:
                 if seq.status is SeqStatus.RUNNING:
                     self._schedule_running(seq, plan)
             elif admitting and seq.status is SeqStatus.WAITING:
-                if is_batch and self._num_batch_running() >= self._max_batch_seqs:
-                    continue  # the reserved slots stay free for interactive work
                 admitting = self._admit(seq, plan)
             if is_batch:
                 batch_budget -= plan.scheduled.get(seq, 0)

@@ -157,6 +157,19 @@ def test_batch_prompts_take_short_chunks_so_an_arrival_waits_little():
     assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
 
 
+def test_a_batch_request_held_back_by_the_reservation_takes_no_budget_from_others():
+    config = SchedulerConfig(reserved_slots=1, aging_s=10.0, batch_prompt_tokens_busy=4)
+    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
+    for i in range(4):  # 3 run (the cap), the 4th waits, with the earliest deadline of the waiters
+        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=40)
+    for _ in range(15):
+        driver.step()
+    driver.add("default", prompt(900, 20), priority=1.0, max_tokens=2)  # deadline later than b3's
+    batch = driver.step()
+    assert driver.chunk(batch, "b3") is None
+    assert len(driver.chunk(batch, "default").token_ids) == 20  # its whole prompt, not the batch chunk size
+
+
 def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
     from localserve.engine.scheduler import reserved_slots
 
