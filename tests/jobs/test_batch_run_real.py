@@ -43,13 +43,16 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         "FSSPEC_S3_ENDPOINT_URL": endpoint,  # fsspec passes it to s3fs as endpoint_url
     }.items():
         monkeypatch.setenv(name, value)
-    # moto keeps its buckets per process, not per server: start from an empty store.
+    # moto keeps its buckets per process, not per server: start from an empty store. And fsspec
+    # caches filesystems per argument list, so one made for an earlier test's endpoint would be reused.
     httpx.post(f"{endpoint}/moto-api/reset", timeout=30).raise_for_status()
+    s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
     fs.mkdir(BUCKET)
     try:
         yield fs
     finally:
+        s3fs.S3FileSystem.clear_instance_cache()
         server.stop()
 
 
