@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import time
 
