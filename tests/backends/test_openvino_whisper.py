@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localserve.backends.speech import TranscribeOptions, decode_audio
 from localserve.errors import DeviceNotFoundError
 from localserve.models.convert_whisper import read_ctranslate2, store_target
 from localserve.models.convert_whisper_openvino import (
@@ -36,7 +35,7 @@ from localserve.models.convert_whisper_openvino import (
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve
 from tests.fixtures.export_smollm2 import cache_dir
-from tests.fixtures.speech import SENTENCE, have_espeak, speak, with_silence, word_error_rate
+from tests.fixtures.speech import SENTENCE, have_espeak, plan_and_transcribe, speak, with_silence, word_error_rate
 
 pytest.importorskip("openvino_genai", reason="needs openvino-genai")
 from localserve.backends.openvino_whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig  # noqa: E402
@@ -93,8 +92,7 @@ def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def transcribe(backend: OpenVinoWhisperBackend, data: bytes, **options: object):  # noqa: ANN201
-    plan = backend.plan(decode_audio(data, max_seconds=600), TranscribeOptions(**options))  # type: ignore[arg-type]
-    return backend.assemble(plan, backend.run(plan.windows) if plan.windows else [], "transcribe")
+    return plan_and_transcribe(backend, data, **options)[1]
 
 
 # ---- the conversion -------------------------------------------------------------------------

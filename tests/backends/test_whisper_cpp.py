@@ -17,7 +17,7 @@ from localserve.errors import DeviceNotFoundError, InvalidRequestError, LocalSer
 from localserve.models.convert_whisper import GGML_MAGIC, cached_ggml, openai_state_dict, read_ctranslate2
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve
-from tests.fixtures.speech import SENTENCE, have_espeak, speak, with_silence, word_error_rate
+from tests.fixtures.speech import SENTENCE, have_espeak, plan_and_transcribe, speak, with_silence, word_error_rate
 
 whispercpp = pytest.importorskip("_pywhispercpp", reason="needs pywhispercpp")
 from localserve.backends.whisper_cpp import WhisperCppBackend, WhisperCppConfig  # noqa: E402
@@ -54,8 +54,7 @@ def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def transcribe(backend: WhisperCppBackend, data: bytes, **options: object):  # noqa: ANN201
-    plan = backend.plan(decode_audio(data, max_seconds=600), TranscribeOptions(**options))  # type: ignore[arg-type]
-    return plan, backend.assemble(plan, backend.run(plan.windows) if plan.windows else [], "transcribe")
+    return plan_and_transcribe(backend, data, **options)
 
 
 # ---- the conversion -------------------------------------------------------------------------
