@@ -2,7 +2,8 @@
 
 Starts `localserve serve` in a subprocess (data in a temporary
 LOCALSERVE_HOME), then measures the time to first token of interactive
-streaming chat requests sent one after another at a fixed pace:
+streaming chat requests, one every --pace-s seconds (open loop; --closed-loop
+waits for each answer first):
 
 1. idle: nothing else runs;
 2. during a batch: a BATCH-line `/v1/batches` job runs in the background.
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -80,12 +82,23 @@ def ttft(client: openai.OpenAI, model: str, i: int, max_tokens: int) -> float:
 
 
 def measure(client: openai.OpenAI, args: argparse.Namespace) -> list[float]:
-    values = []
-    for i in range(args.requests):
-        began = time.perf_counter()
-        values.append(ttft(client, args.model, i, args.max_tokens))
-        time.sleep(max(0.0, args.pace_s - (time.perf_counter() - began)))
-    return values
+    """TTFT of `args.requests` requests. Open loop (default): one starts every
+    pace_s seconds whether or not the last has finished, so arrivals fall at
+    random points of the server's steps. Closed loop: the next starts when the
+    last has finished (and pace_s has passed), like an agent's calls."""
+    if args.closed_loop:
+        values = []
+        for i in range(args.requests):
+            began = time.perf_counter()
+            values.append(ttft(client, args.model, i, args.max_tokens))
+            time.sleep(max(0.0, args.pace_s - (time.perf_counter() - began)))
+        return values
+    with ThreadPoolExecutor(max_workers=args.requests) as pool:
+        futures = []
+        for i in range(args.requests):
+            futures.append(pool.submit(ttft, client, args.model, i, args.max_tokens))
+            time.sleep(args.pace_s)
+        return [f.result() for f in futures]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -125,6 +138,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=30, help="interactive requests per phase (default: 30)")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per interactive answer (default: 8)")
     parser.add_argument("--pace-s", type=float, default=0.5, help="one interactive request every S seconds")
+    parser.add_argument("--closed-loop", action="store_true", help="each request waits for the last to finish")
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--alone-s", type=float, default=15.0, help="then measure the batch alone this long")
@@ -144,7 +158,7 @@ def main() -> None:
             batch = client.batches.retrieve(batch_id)
             lines_per_s = (batch.request_counts.completed - done_before) / (time.perf_counter() - started)
             still_running = batch.status == "in_progress"
-            time.sleep(BACKOFF_SETTLE_S)  # the runner widens again once interactive requests are gone
+            time.sleep(BACKOFF_SETTLE_S)  # the scheduler widens batch work again once interactive requests are gone
             alone_from, alone_started = batch.request_counts.completed, time.perf_counter()
             time.sleep(args.alone_s)
             alone = client.batches.retrieve(batch_id).request_counts.completed - alone_from
@@ -163,6 +177,7 @@ def main() -> None:
         "parallel": args.parallel,
         "threads": args.threads,
         "requests_per_phase": args.requests,
+        "arrivals": "closed loop" if args.closed_loop else f"open loop, one per {args.pace_s} s",
         "batch_lines": args.lines,
         "ttft_idle_p50_s": round(statistics.median(idle), 4),
         "ttft_idle_p95_s": round(p95_idle, 4),

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -57,8 +56,6 @@ LINE_MIDDLEWARES = (error_middleware, release_leases_middleware)
 BATCH_PRIORITY = PRIORITY_ALIASES["batch"]
 RETRY_CODES = frozenset({"model_loading", "queue_full"})  # "not now": the line is sent again
 EMBEDDING_IN_FLIGHT = 8  # embedding lines at a time (the model's batcher groups them)
-BACKOFF_SHARE = 4  # while other requests use the model, batch lines take 1/4 of its slots ...
-BACKOFF_HOLD_S = 2.0  # ... and for this long after the last one was seen
 
 
 class LineRequest(dict[str, Any]):
@@ -113,7 +110,6 @@ class AppLineExecutor:
     def __init__(self, app: web.Application, concurrency: int = 0) -> None:
         self.app = app
         self.concurrency = concurrency  # lines in flight; 0 = the model's slots
-        self._others_seen_at = -BACKOFF_HOLD_S
 
     async def execute(self, endpoint: str, body: dict[str, Any]) -> LineResult:
         data = {**body, "stream": False, "priority": batch_priority(body.get("priority"))}
@@ -130,9 +126,9 @@ class AppLineExecutor:
         return LineResult(response.status, payload, request_id, retry_after)
 
     def max_in_flight(self, endpoint: str, model: str | None) -> int:
-        """The model's slots; a quarter of them while other requests use the
-        model (and BACKOFF_HOLD_S after): the scheduler puts those first, but
-        every batch sequence in a step makes the step longer for them."""
+        """The model's slots. How many of them compute in each step beside
+        other requests is the scheduler's call (it narrows batch work while
+        the model is busy, see `SchedulerConfig.batch_seqs_busy`)."""
         if self.concurrency:
             return self.concurrency
         if endpoint == "/v1/embeddings":
@@ -140,18 +136,7 @@ class AppLineExecutor:
         engine = self.app[MANAGER].engine
         if not model or not engine.has_model(model):
             return 1  # not loaded (yet): one line finds out, and waits or fails
-        num_slots = engine.capacity(model).max_num_seqs
-        now = time.monotonic()
-        if _num_others(engine.stats().get(model, {})):
-            self._others_seen_at = now
-        if now - self._others_seen_at < BACKOFF_HOLD_S:
-            return max(1, num_slots // BACKOFF_SHARE)
-        return num_slots
-
-
-def _num_others(stats: dict[str, Any]) -> int:
-    """Requests of the model, running or waiting, that are not batch lines."""
-    return sum(count for key in ("running", "waiting") for cls, count in stats.get(key, {}).items() if cls != "batch")
+        return engine.capacity(model).max_num_seqs
 
 
 def headless_app(settings: ServerSettings) -> web.Application:

@@ -14,8 +14,14 @@ Rules (see DESIGN.md, "Scheduler rules"):
   default) prompt, unless aging has already put it ahead of that prompt, so
   that step, the prompt's time to first token, is as short as when idle.
   And batch prompts get at most `batch_prompt_tokens` of a step (fewer,
-  `batch_prompt_tokens_busy`, while other work runs or waits), so the step
-  an interactive arrival has to wait for is never a long batch prefill.
+  `batch_prompt_tokens_busy`, while the model is busy), so the step an
+  interactive arrival has to wait for is never a long batch prefill.
+* Busy: other (non-batch) work runs or waits, or did so in the last
+  `busy_hold_s` seconds. While busy, a step holds at most `batch_seqs_busy`
+  batch sequences (running decodes before new prompts, earliest deadline
+  first): every step's length grows with its batch, and an interactive
+  arrival waits for the step in flight and then shares steps with the batch.
+  The hold keeps steps short between the requests of one chat or agent.
 * Reserved slots: sequences of `batch_priority` or lower priority never hold
   more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
   default request finds a free slot at once under a saturating batch load,
@@ -75,13 +81,21 @@ class SchedulerConfig:
     batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
     reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
     batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step, batch work alone
-    batch_prompt_tokens_busy: int = 32  # ... while other work runs or waits: short steps for whoever arrives
+    batch_prompt_tokens_busy: int = 32  # ... while busy: short steps for whoever arrives
+    batch_seqs_busy: int | None = None  # batch sequences in one step while busy; None: max_num_seqs // 4
+    busy_hold_s: float = 2.0  # busy lasts this long after the last other request was running or waiting
 
 
 def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
     if config.reserved_slots is not None:
         return max(0, min(config.reserved_slots, max_num_seqs - 1))
     return max_num_seqs // 8
+
+
+def batch_seqs_busy(config: SchedulerConfig, max_num_seqs: int) -> int:
+    if config.batch_seqs_busy is not None:
+        return max(1, min(config.batch_seqs_busy, max_num_seqs))
+    return max(1, max_num_seqs // 4)
 
 
 @dataclass(slots=True)
@@ -127,6 +141,8 @@ class Scheduler:
         self._step_ids = itertools.count()
         self._released: list[int] = []
         self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
+        self._batch_seqs_busy = batch_seqs_busy(self.config, capacity.max_num_seqs)
+        self._others_seen_at = -math.inf  # when non-batch work last ran or waited
 
     # ---- requests in and out -------------------------------------------------
 
@@ -195,16 +211,22 @@ class Scheduler:
                 batch_decodes.append(seq)
             elif seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
                 self._schedule_running(seq, plan)
-        held = min(len(batch_decodes), plan.budget)  # room kept for the batch decodes
+        busy = self._busy()
+        seats = self._batch_seqs_busy if busy else self.capacity.max_num_seqs  # batch sequences in this step
+        decode_seats = min(len(batch_decodes), seats)  # running batch decodes go before new batch prompts
+        held = min(decode_seats, plan.budget)  # room kept for the batch decodes
         plan.budget -= held
-        urgent_deadline = self._schedule_prompt_work(prompt_work, plan)
+        urgent_deadline = self._schedule_prompt_work(prompt_work, plan, busy=busy, seats=seats - decode_seats)
         plan.budget += held
         for seq in batch_decodes:
+            if decode_seats <= 0:
+                break
             # Batch work sits out a step that computes an interactive prompt
             # (that step is the prompt's time to first token), unless aging
             # has already put it ahead of that prompt.
             if seq.status is SeqStatus.RUNNING and seq.deadline <= urgent_deadline:
                 self._schedule_running(seq, plan)
+                decode_seats -= seq in plan.scheduled
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
@@ -262,21 +284,28 @@ class Scheduler:
             return
         plan.add(seq, num_new)
 
-    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: _StepPlan) -> float:
+    def _busy(self) -> bool:
+        """Whether non-batch work runs or waits, or did within `busy_hold_s`."""
+        now, bp = self._clock(), self.config.batch_priority
+        if any(s.priority < bp for s in self._running) or any(s.priority < bp for s in self._waiting):
+            self._others_seen_at = now
+            return True
+        return now - self._others_seen_at < self.config.busy_hold_s
+
+    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: _StepPlan, *, busy: bool, seats: int) -> float:
         """Prompt chunks of running sequences and admissions of waiting ones,
-        earliest deadline first. Once a non-batch prompt is in the step, batch
-        prompts stay out of it. Returns the earliest deadline of a non-batch
-        prompt in the step (infinity if none)."""
+        earliest deadline first; batch ones take at most `seats` sequences.
+        Once a non-batch prompt is in the step, batch prompts stay out of it.
+        Returns the earliest deadline of a non-batch prompt in the step
+        (infinity if none)."""
         waiting = set(self._waiting)
         admitting, urgent_deadline = True, math.inf
-        bp = self.config.batch_priority
-        busy = any(s.priority < bp for s in self._running) or any(s.priority < bp for s in self._waiting)
         batch_budget = self.config.batch_prompt_tokens_busy if busy else self.config.batch_prompt_tokens
         for seq in sorted(prompt_work + self._waiting, key=_order):
             if plan.budget <= 0:
                 break
             is_batch = seq.priority >= self.config.batch_priority
-            if is_batch and (seq.deadline > urgent_deadline or batch_budget <= 0):
+            if is_batch and (seq.deadline > urgent_deadline or batch_budget <= 0 or seats <= 0):
                 continue
             if is_batch and seq in waiting and self._num_batch_running() >= self._max_batch_seqs:
                 continue  # the reserved slots stay free for interactive work
@@ -289,6 +318,7 @@ class Scheduler:
                 admitting = self._admit(seq, plan)
             if is_batch:
                 batch_budget -= plan.scheduled.get(seq, 0)
+                seats -= seq in plan.scheduled
                 plan.budget += withheld
             elif seq in plan.scheduled:
                 urgent_deadline = min(urgent_deadline, seq.deadline)

@@ -122,10 +122,38 @@ def test_batch_work_sits_out_the_step_of_an_interactive_prompt():
     batch = driver.step()
     assert [c.seq_id for c in batch.chunks] == [driver.seq_ids["chat"]]  # only the interactive prompt
     batch = driver.step()
-    assert len(batch.chunks) == 6  # then everyone: 4 batch decodes, the chat decode, the late prompt
+    ids = {driver.seq_ids[r] for r in ("chat", "b0", "b1")}
+    assert {c.seq_id for c in batch.chunks} == ids  # then the chat decode beside 8 // 4 batch decodes
     driver.run()
     assert driver.records["chat"].token_ids == run_alone(prompt(5000, 10), max_tokens=3)
     assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=30) for i in range(4))
+
+
+def test_while_busy_a_step_holds_few_batch_sequences_and_widens_after_the_hold():
+    config = SchedulerConfig(reserved_slots=1, batch_seqs_busy=2, busy_hold_s=3.0)
+    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=config)
+    for i in range(9):
+        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=40)
+    for _ in range(3):
+        assert len(driver.step().chunks) == 7  # alone: every batch slot in each step
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
+    assert len(driver.step().chunks) == 1  # the chat prompt, alone
+    for _ in range(2):  # the chat decodes beside the two earliest batch sequences
+        batch = driver.step()
+        assert {c.seq_id for c in batch.chunks} == {driver.seq_ids[r] for r in ("chat", "b0", "b1")}
+    assert driver.records["chat"].finished
+    widths = [len(driver.step().chunks) for _ in range(4)]
+    assert widths == [2, 2, 7, 7]  # held narrow for 3 s after the chat request, then wide again
+    driver.run()
+    assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=40) for i in range(9))
+    assert driver.scheduler.counters.num_preemptions == 0
+
+
+def test_default_batch_seqs_while_busy_are_a_quarter_of_the_slots():
+    from localserve.engine.scheduler import batch_seqs_busy
+
+    assert [batch_seqs_busy(SchedulerConfig(), n) for n in (1, 4, 8, 16)] == [1, 1, 2, 4]
+    assert batch_seqs_busy(SchedulerConfig(batch_seqs_busy=0), 8) == 1  # batch work always moves
 
 
 def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():

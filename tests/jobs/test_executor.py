@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.batch_service import BACKOFF_SHARE, AppLineExecutor, batch_priority
+from localserve.api.batch_service import AppLineExecutor, batch_priority
 from localserve.api.state import MANAGER
 from localserve.engine.types import Capacity
 
@@ -42,15 +42,11 @@ def test_batch_lines_are_never_more_urgent_than_batch() -> None:
     assert batch_priority("nonsense") == "nonsense"  # left for the handler's own 400
 
 
-def test_slots_when_alone_a_share_while_others_use_the_model() -> None:
+def test_lines_in_flight_are_the_model_slots() -> None:
     engine = StubEngine()
     lines = executor(engine)
     assert lines.max_in_flight("/v1/chat/completions", "m") == 8
-    engine.waiting = {"interactive": 1}
-    assert lines.max_in_flight("/v1/chat/completions", "m") == 8 // BACKOFF_SHARE
-    engine.waiting = {}
-    assert lines.max_in_flight("/v1/chat/completions", "m") == 8 // BACKOFF_SHARE, "held a moment after"
-    lines._others_seen_at -= 60
+    engine.waiting = {"interactive": 1}  # the scheduler narrows batch work per step, not the runner
     assert lines.max_in_flight("/v1/chat/completions", "m") == 8
     assert lines.max_in_flight("/v1/chat/completions", "not-loaded") == 1
     assert executor(engine, concurrency=3).max_in_flight("/v1/chat/completions", "m") == 3
