@@ -12,7 +12,7 @@ It reports p50/p95 TTFT of both phases, their ratio (the goal is p95 within
 1.5x of idle), and the batch's throughput while interactive requests come
 and then alone; the batch is cancelled at the end (unless --finish).
 
-    python bench/batch_isolation.py [--lines 500] [--requests 30] [--parallel 8] [--threads 0]
+    python bench/batch_isolation.py [--lines 500] [--requests 60] [--parallel 8] [--threads 0]
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lines", type=int, default=500, help="batch size (default: 500)")
     parser.add_argument("--batch-max-tokens", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=30, help="interactive requests per phase (default: 30)")
+    parser.add_argument("--requests", type=int, default=60, help="interactive requests per phase (default: 60)")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per interactive answer (default: 8)")
     parser.add_argument("--pace-s", type=float, default=0.5, help="one interactive request every S seconds")
     parser.add_argument("--closed-loop", action="store_true", help="each request waits for the last to finish")

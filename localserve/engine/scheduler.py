@@ -81,7 +81,7 @@ class SchedulerConfig:
     batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
     reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
     batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step, batch work alone
-    batch_prompt_tokens_busy: int = 32  # ... while busy: short steps for whoever arrives
+    batch_prompt_tokens_busy: int = 8  # ... while busy: short steps for whoever arrives
     batch_seqs_busy: int | None = None  # batch sequences in one step while busy; None: max_num_seqs // 4
     busy_hold_s: float = 2.0  # busy lasts this long after the last other request was running or waiting
 
