@@ -110,8 +110,10 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model or str(resolve("smollm2-135m-instruct").path)
     sizes = [int(s) for s in args.sizes.split(",")]
-    config = LlamaCppConfig(model_path=path, n_ctx=2048, parallel=max(sizes), n_threads=args.threads,
-                            kv_tokens=max(sizes) * (args.prompt_tokens + args.tokens + 64))
+    # One KV stream of the raw loop's length per slot (kv_tokens=0): a smaller
+    # kv_tokens would make the backend share one pool, which decodes slower.
+    n_ctx = max(args.prompt_tokens + args.tokens + 8, 256)
+    config = LlamaCppConfig(model_path=path, n_ctx=n_ctx, parallel=max(sizes), n_threads=args.threads)
     backend = LlamaCppBackend(config)
     print(f"model {path}\nthreads {args.threads}, prompt {args.prompt_tokens}, generated {args.tokens}\n")
     print("| seqs | raw llama_decode tok/s | engine tok/s | engine / raw |")

@@ -1,9 +1,10 @@
 """The llama.cpp backend, on llama-cpp-python's low-level API.
 
-One `llama_context` holds `parallel` sequences in one unified KV cache. Every
-step is a single `llama_decode` over a `llama_batch` that mixes the decode
-tokens of running sequences with prompt chunks of new ones, padding-free;
-each sequence samples with its own sampler chain.
+One `llama_context` holds `parallel` sequences, each slot in its own KV
+stream (or all in one shared pool when the KV budget is smaller, see
+`_open_context`). Every step is a single `llama_decode` over a `llama_batch`
+that mixes the decode tokens of running sequences with prompt chunks of new
+ones, padding-free; each sequence samples with its own sampler chain.
 """
 
 from __future__ import annotations
