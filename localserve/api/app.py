@@ -65,7 +65,7 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     app.on_shutdown.append(_drain)  # graceful shutdown (SIGTERM, Ctrl-C): see `_drain`
     for prefix in API_PREFIXES:
         app.router.add_get(f"{prefix}/models", list_models)
-        app.router.add_get(f"{prefix}/models/{{model_id}}", get_model)
+        app.router.add_get(prefix + r"/models/{model_id:[\s\S]+}", get_model)  # any id: a bad one is a 400, not a 405
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
         app.router.add_post(f"{prefix}/completions", completions)
     app.router.add_post("/api/v1/requests/{request_id}/cancel", cancel_request)

@@ -123,6 +123,12 @@ def test_unknown_model_404(client: openai.OpenAI) -> None:
         client.models.retrieve("no-such-model")
 
 
+@pytest.mark.parametrize("model_id", ["org/no-such-model", "%7Bbraces%7D", "a%2Fb"])
+def test_a_model_id_with_odd_characters_is_a_clear_400_not_a_405(http: httpx.Client, model_id: str) -> None:
+    error = envelope(http.get(f"/v1/models/{model_id}"), 400)
+    assert error["param"] == "model" and "invalid model id" in error["message"]
+
+
 def test_prompt_longer_than_context_400(client: openai.OpenAI, server: ServerThread) -> None:
     long_text = "hello world " * 2000  # about 4000 tokens, context is 2048
     with pytest.raises(openai.BadRequestError) as caught:
