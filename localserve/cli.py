@@ -1,4 +1,4 @@
-"""The `localserve` command line: `serve`, `run`, `list`.
+"""The `localserve` command line: the parser, the shared option helpers and `serve`.
 
 Every `serve` option can also come from a `LOCALSERVE_*` environment variable
 (flags win). Heavy modules (llama.cpp, aiohttp, the server) are imported only
@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import socket
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +23,11 @@ from typing import Any
 from localserve import __version__
 from localserve.config import MODEL_DEFAULTS, ServerSettings
 from localserve.errors import LocalServeError
-from localserve.models.models_cli import catalog_rows, keep_alive_option, max_loaded_models_option, print_rows
+from localserve.models.models_cli import keep_alive_option, max_loaded_models_option
 
 ENV_PREFIX = "LOCALSERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEVICES = ("auto", "cpu", "gpu")
-DEFAULT_URL = "http://127.0.0.1:8400"
 
 
 class CliError(Exception):
@@ -141,7 +136,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "shortened to what fits in free memory",
         "N",
     ),
-    Option("--kv-size", "kv_size", _int_at_least(0), "KV cache cells of a model; 0 = ctx-size x parallel (a stream per slot, fastest); fewer = one pool the slots share", "N"),
+    Option(
+        "--kv-size",
+        "kv_size",
+        _int_at_least(0),
+        "KV cache cells of a model; 0 = ctx-size x parallel (a stream per slot, fastest); fewer = one pool the slots share",
+        "N",
+    ),
     Option("--batch-tokens", "batch_tokens", _int_at_least(1), "token budget of one engine step", "N"),
     Option("--threads", "threads", _int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
     Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),
@@ -342,235 +343,6 @@ def check_port_free(host: str, port: int) -> None:
 RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device"))
 
 
-def add_run_command(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="generate once in the terminal, streaming (no server)",
-        description="Load MODEL in this process, generate a reply to PROMPT and stream it to stdout; "
-        "a stats line goes to stderr. The prompt goes through the model's chat template unless --raw.",
-    )
-    parser.add_argument("model", metavar="MODEL", help="a built-in ID, a PATH to a .gguf file, or ID=PATH")
-    parser.add_argument("prompt", metavar="PROMPT", help='the prompt text; "-" reads it from stdin')
-    parser.add_argument(
-        "--max-tokens", type=_int_at_least(1), default=256, metavar="N", help="most tokens to generate (default: 256)"
-    )
-    parser.add_argument(
-        "--temperature",
-        type=_non_negative,
-        default=0.8,
-        metavar="T",
-        help="sampling temperature; 0 = greedy (default: 0.8)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=None, metavar="S", help="sampling seed, for repeatable output (default: random)"
-    )
-    parser.add_argument(
-        "--system",
-        default=None,
-        metavar="TEXT",
-        help="a system message before the prompt, ignored with --raw (default: none)",
-    )
-    parser.add_argument(
-        "--raw", action="store_true", help="send PROMPT as is, without the chat template (plain completion)"
-    )
-    add_options(parser, RUN_OPTIONS)
-    parser.set_defaults(handler=cmd_run)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
-
-    values = resolve_options(args, RUN_OPTIONS, os.environ)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    settings = ServerSettings(
-        models=[args.model], parallel=1, ctx_size=values["ctx_size"], threads=values["threads"], device=values["device"]
-    )
-    return asyncio.run(_generate(args, prompt, settings))
-
-
-async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
-    from localserve.engine.engine import Engine
-    from localserve.engine.types import GenerateRequest, SamplingParams
-    from localserve.models.registry import ModelManager, resolve
-
-    spec = resolve(args.model)
-    engine = Engine()
-    try:
-        loaded = await ModelManager(engine, settings).load(spec)
-        tokenizer = engine.tokenizer(spec.model_id)
-        text = prompt if args.raw else render_chat(tokenizer, prompt, args.system)
-        # A template that writes the BOS token itself must not get a second one.
-        add_special = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
-        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        request_id = engine.new_request_id("run")
-        request = GenerateRequest(request_id, tokenizer.encode(text, add_special=add_special), sampling)
-        stats = await _stream_to_stdout(engine.submit(spec.model_id, request))
-    finally:
-        await engine.close()
-    if stats.error:
-        raise CliError(f"generation failed: {stats.error}")
-    print(stats.summary(loaded.load_seconds), file=sys.stderr)
-    return 0
-
-
-@dataclass(slots=True)
-class RunStats:
-    """What `localserve run` reports on stderr when it is done."""
-
-    started: float
-    first_token_at: float = 0.0
-    finished: float = 0.0
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    finish_reason: str = ""
-    error: str | None = None
-
-    def summary(self, load_s: float) -> str:
-        decode_s = self.finished - self.first_token_at if self.first_token_at else 0.0
-        # The first token comes from the prefill; the rate counts the tokens decoded after it.
-        rate = (self.num_output_tokens - 1) / decode_s if self.num_output_tokens > 1 and decode_s > 0 else 0.0
-        ttft = self.first_token_at - self.started if self.first_token_at else 0.0
-        return (
-            f"[{self.num_output_tokens} tokens, {rate:.1f} tok/s | prompt {self.num_prompt_tokens} tokens, "
-            f"first token after {ttft:.2f} s | model load {load_s:.2f} s | finish: {self.finish_reason}]"
-        )
-
-
-async def _stream_to_stdout(stream: Any) -> RunStats:
-    stats = RunStats(started=time.monotonic())
-    async for event in stream:
-        if event.token_ids and not stats.first_token_at:
-            stats.first_token_at = time.monotonic()
-        if event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        if event.finished:
-            stats.num_prompt_tokens = event.num_prompt_tokens
-            stats.num_output_tokens = event.num_output_tokens
-            stats.finish_reason = event.finish_reason.value
-            stats.error = event.error
-    stats.finished = time.monotonic()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    return stats
-
-
-def render_chat(tokenizer: Any, prompt: str, system: str | None) -> str:
-    from localserve.backends.chat_template import ChatTemplate
-
-    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return template.render(messages, add_generation_prompt=True)
-
-
-# ---- list -------------------------------------------------------------------
-
-
-def add_list_command(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "list",
-        help="show known models, whether they are on this machine, and which a server has loaded",
-        description="List the catalog's models and the pulled ones (id, labels, status: installed from PyPI, "
-        "downloaded, not downloaded; size, path) and, when a server answers at --url, which it has loaded.",
-    )
-    parser.add_argument(
-        "--url", default=None, metavar="URL", help=f"server to ask (env LOCALSERVE_URL; default: {DEFAULT_URL})"
-    )
-    parser.add_argument(
-        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.set_defaults(handler=cmd_list)
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    url = (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/")
-    api_key = args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None
-    rows = catalog_rows()
-    loaded, server_note = fetch_loaded(url, api_key)
-    for row in rows:
-        row["loaded"] = loaded is not None and row["id"] in loaded
-        if loaded and loaded.get(row["id"]):
-            row["options"] = loaded[row["id"]]  # effective: ctx per slot, slots, GPU layers, KV size
-    if args.json:
-        ids = None if loaded is None else list(loaded)
-        print(json.dumps({"models": rows, "server": url, "loaded": ids, "server_note": server_note}, indent=2))
-        return 0
-    print_rows(rows, loaded)
-    print()
-    print(server_note if loaded is None else f"loaded at {url}: {', '.join(loaded) or 'none'}")
-    for model_id, options in (loaded or {}).items():
-        if options:
-            print(f"  {model_id}: {describe_options(options)}")
-    return 0
-
-
-def describe_options(options: Mapping[str, Any]) -> str:
-    """`ctx 8192 x 8 slots, GPU layers 0/30, KV 1440 MiB, device CPU` from a load report."""
-    layers = f"{options.get('n_gpu_layers', 0)}/{options['n_layers']}" if options.get("n_layers") else "-"
-    kv_mib = float(options.get("kv_mib") or 0)
-    kv = f", KV {kv_mib:.0f} MiB" if kv_mib >= 10 else f", KV {kv_mib:.1f} MiB" if kv_mib else ""
-    return (
-        f"ctx {options.get('ctx_per_slot')} x {options.get('parallel')} slots, GPU layers {layers}{kv}, "
-        f"device {options.get('device', '?')}"
-    )
-
-
-def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple[dict[str, dict[str, Any]] | None, str]:
-    """The models loaded at `url` (every kind; chat only from a server without
-    /api/v1/loaded), each with its effective options ({} if not known), or
-    None and why not."""
-    try:
-        for path in ("/api/v1/loaded", "/v1/models"):
-            request = urllib.request.Request(f"{url}{path}", headers={"Accept": "application/json"})
-            if api_key:
-                request.add_header("Authorization", f"Bearer {api_key}")
-            try:
-                with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                    body = json.load(response)
-                return {str(item["id"]): dict(item.get("options") or {}) for item in body.get("data", [])}, ""
-            except urllib.error.HTTPError as exc:
-                if exc.code != 404 or path == "/v1/models":
-                    raise
-        raise AssertionError("unreachable")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 401:
-            return None, f"the server at {url} wants an API key: pass --api-key or set LOCALSERVE_API_KEY"
-        return None, f"the server at {url} answered HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
-        return None, f"no server answering at {url} (start one with `localserve serve`)"
-
-
-# ---- top --------------------------------------------------------------------
-
-
-def add_top_command(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "top",
-        help="live dashboard of a running server: queues, throughput, requests",
-        description="Watch a server's queues, throughput, KV cache and in-flight requests live "
-        "(keys: c cancel request, u unload model, p pause, s sort, q quit). Waits for the server "
-        "if it is not up yet and reconnects when it restarts.",
-    )
-    parser.add_argument(
-        "--url", default=None, metavar="URL", help=f"server to watch (env LOCALSERVE_URL; default: {DEFAULT_URL})"
-    )
-    parser.add_argument(
-        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
-    )
-    parser.set_defaults(handler=cmd_top)
-
-
-def cmd_top(args: argparse.Namespace) -> int:
-    from localserve.tui.app import run  # heavy: textual
-
-    run(
-        (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/"),
-        args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None,
-    )
-    return 0
-
-
 # ---- main -------------------------------------------------------------------
 
 from localserve.batch_cli import add_batch_command  # noqa: E402 - light module
@@ -579,6 +351,8 @@ from localserve.devices_cli import add_devices_command  # noqa: E402 - light mod
 from localserve.models.convert_cli import add_convert_command  # noqa: E402 - light module
 from localserve.models.export_cli import add_export_command  # noqa: E402 - light module
 from localserve.models.models_cli import add_pull_command, add_rm_command  # noqa: E402 - light module
+from localserve.run_cli import add_run_command  # noqa: E402 - light module
+from localserve.status_cli import add_list_command, add_top_command  # noqa: E402 - light module
 
 COMMANDS: list[Callable[[Any], None]] = [
     add_serve_command,

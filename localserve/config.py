@@ -9,6 +9,7 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_PORT = 8400
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"  # where the client commands (list, top, bench) look
 #: What a model gets when neither the request, the flags, the user's config file
 #: nor the catalog says otherwise (models/options.py applies them in that order).
 MODEL_DEFAULTS: dict[str, int | str] = {

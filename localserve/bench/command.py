@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8400"
+from localserve.config import DEFAULT_URL
 
 
 def _levels_arg(text: str) -> list[float]:

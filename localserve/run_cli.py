@@ -1,0 +1,143 @@
+"""`localserve run MODEL PROMPT`: load a model in this process, generate once
+and stream the answer to stdout, with a stats line on stderr (no server)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from localserve.config import ServerSettings
+
+
+def add_run_command(subparsers: Any) -> None:
+    from localserve import cli  # the option helpers; cli imports this module lazily
+
+    parser = subparsers.add_parser(
+        "run",
+        help="generate once in the terminal, streaming (no server)",
+        description="Load MODEL in this process, generate a reply to PROMPT and stream it to stdout; "
+        "a stats line goes to stderr. The prompt goes through the model's chat template unless --raw.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a built-in ID, a PATH to a .gguf file, or ID=PATH")
+    parser.add_argument("prompt", metavar="PROMPT", help='the prompt text; "-" reads it from stdin')
+    parser.add_argument(
+        "--max-tokens",
+        type=cli._int_at_least(1),
+        default=256,
+        metavar="N",
+        help="most tokens to generate (default: 256)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=cli._non_negative,
+        default=0.8,
+        metavar="T",
+        help="sampling temperature; 0 = greedy (default: 0.8)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="sampling seed, for repeatable output (default: random)"
+    )
+    parser.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="a system message before the prompt, ignored with --raw (default: none)",
+    )
+    parser.add_argument(
+        "--raw", action="store_true", help="send PROMPT as is, without the chat template (plain completion)"
+    )
+    cli.add_options(parser, cli.RUN_OPTIONS)
+    parser.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from localserve import cli
+
+    values = cli.resolve_options(args, cli.RUN_OPTIONS, os.environ)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    settings = ServerSettings(
+        models=[args.model], parallel=1, ctx_size=values["ctx_size"], threads=values["threads"], device=values["device"]
+    )
+    return asyncio.run(_generate(args, prompt, settings))
+
+
+async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
+    from localserve import cli
+    from localserve.engine.engine import Engine
+    from localserve.engine.types import GenerateRequest, SamplingParams
+    from localserve.models.registry import ModelManager, resolve
+
+    spec = resolve(args.model)
+    engine = Engine()
+    try:
+        loaded = await ModelManager(engine, settings).load(spec)
+        tokenizer = engine.tokenizer(spec.model_id)
+        text = prompt if args.raw else render_chat(tokenizer, prompt, args.system)
+        # A template that writes the BOS token itself must not get a second one.
+        add_special = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        request_id = engine.new_request_id("run")
+        request = GenerateRequest(request_id, tokenizer.encode(text, add_special=add_special), sampling)
+        stats = await _stream_to_stdout(engine.submit(spec.model_id, request))
+    finally:
+        await engine.close()
+    if stats.error:
+        raise cli.CliError(f"generation failed: {stats.error}")
+    print(stats.summary(loaded.load_seconds), file=sys.stderr)
+    return 0
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What `localserve run` reports on stderr when it is done."""
+
+    started: float
+    first_token_at: float = 0.0
+    finished: float = 0.0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    finish_reason: str = ""
+    error: str | None = None
+
+    def summary(self, load_s: float) -> str:
+        decode_s = self.finished - self.first_token_at if self.first_token_at else 0.0
+        # The first token comes from the prefill; the rate counts the tokens decoded after it.
+        rate = (self.num_output_tokens - 1) / decode_s if self.num_output_tokens > 1 and decode_s > 0 else 0.0
+        ttft = self.first_token_at - self.started if self.first_token_at else 0.0
+        return (
+            f"[{self.num_output_tokens} tokens, {rate:.1f} tok/s | prompt {self.num_prompt_tokens} tokens, "
+            f"first token after {ttft:.2f} s | model load {load_s:.2f} s | finish: {self.finish_reason}]"
+        )
+
+
+async def _stream_to_stdout(stream: Any) -> RunStats:
+    stats = RunStats(started=time.monotonic())
+    async for event in stream:
+        if event.token_ids and not stats.first_token_at:
+            stats.first_token_at = time.monotonic()
+        if event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        if event.finished:
+            stats.num_prompt_tokens = event.num_prompt_tokens
+            stats.num_output_tokens = event.num_output_tokens
+            stats.finish_reason = event.finish_reason.value
+            stats.error = event.error
+    stats.finished = time.monotonic()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return stats
+
+
+def render_chat(tokenizer: Any, prompt: str, system: str | None) -> str:
+    from localserve.backends.chat_template import ChatTemplate
+
+    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return template.render(messages, add_generation_prompt=True)
