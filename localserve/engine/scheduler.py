@@ -41,9 +41,9 @@ Rules (see DESIGN.md, "Scheduler rules"):
   ``preempt_margin * aging_s``. Deadlines are fixed, so preemption can never
   ping-pong between two requests. A preempted sequence keeps its tokens and
   is recomputed when readmitted, helped by the prefix cache.
-* Prefix cache: a free slot keeps the tokens it last held. A new sequence
-  takes the free slot sharing its longest prefix, or copies the prefix from
-  a running slot, and only computes the rest.
+* Prefix cache (`kv_slots.SlotTable`): a free slot keeps the tokens it last
+  held. A new sequence takes the free slot sharing its longest prefix, or
+  copies the prefix from a running slot, and only computes the rest.
 * KV room is counted in tokens (cells), conservatively (shared cells counted
   once per slot). A sequence that cannot grow first evicts cached prefixes,
   then preempts the running sequence with the latest deadline; nothing is
@@ -58,13 +58,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from localserve.engine.kv_slots import SlotTable, StepPlan
 from localserve.engine.output import OutputText
-from localserve.engine.sequence import SeqStatus, Sequence, Slot, common_prefix_len
+from localserve.engine.sequence import SeqStatus, Sequence, Slot
 from localserve.engine.types import (
     Capacity,
     FinishReason,
     GenerateRequest,
-    KvOp,
     SeqChunk,
     StepBatch,
     StepResult,
@@ -132,7 +132,7 @@ class Scheduler:
         self._eog = frozenset(eog_token_ids)
         self._token_bytes = token_bytes
         self._clock = clock
-        self._slots = [Slot(i) for i in range(capacity.max_num_seqs)]
+        self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache)
         self._waiting: list[Sequence] = []
         self._running: list[Sequence] = []
         self._by_request: dict[str, Sequence] = {}
@@ -195,13 +195,13 @@ class Scheduler:
         return self._running + self._waiting
 
     def kv_used(self) -> int:
-        return sum(len(s.token_ids) for s in self._slots)
+        return self._slots.kv_used()
 
     # ---- one step ------------------------------------------------------------
 
     def schedule(self) -> StepBatch:
         """Choose the next step's KV edits and token chunks."""
-        plan = _StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
+        plan = StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
         prompt_work: list[Sequence] = []
         batch_decodes: list[Sequence] = []
         for seq in sorted(self._running, key=_decode_first):
@@ -275,7 +275,7 @@ class Scheduler:
 
     # ---- internals -----------------------------------------------------------
 
-    def _schedule_running(self, seq: Sequence, plan: _StepPlan) -> None:
+    def _schedule_running(self, seq: Sequence, plan: StepPlan) -> None:
         num_new = min(seq.num_tokens - seq.num_computed_tokens, plan.budget)
         if num_new <= 0:
             return
@@ -292,7 +292,7 @@ class Scheduler:
             return True
         return now - self._others_seen_at < self.config.busy_hold_s
 
-    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: _StepPlan, *, busy: bool, seats: int) -> float:
+    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: StepPlan, *, busy: bool, seats: int) -> float:
         """Prompt chunks of running sequences and admissions of waiting ones,
         earliest deadline first; batch ones take at most `seats` sequences.
         Once a non-batch prompt is in the step, batch prompts stay out of it.
@@ -327,17 +327,17 @@ class Scheduler:
     def _num_batch_running(self) -> int:
         return sum(1 for s in self._running if s.priority >= self.config.batch_priority)
 
-    def _admit(self, seq: Sequence, plan: _StepPlan) -> bool:
+    def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
         """Give a waiting sequence a slot and its first chunk. False: stop admitting."""
-        slot = self._pick_slot(seq)
+        slot = self._slots.pick(seq)
         if slot is None:
             victim = self._victim(seq)
             if victim is None:
                 return False
             self._preempt(victim, plan, keep_cache=True)
-            slot = self._pick_slot(seq)
+            slot = self._slots.pick(seq)
             assert slot is not None
-        num_reused = self._reuse_prefix(seq, slot, plan)
+        num_reused = self._slots.reuse_prefix(seq, slot, self._running, plan)
         num_new = min(seq.num_tokens - num_reused, plan.budget)
         # Room for all its tokens, not just this chunk: a sequence admitted
         # without it is preempted again before its prompt is done (thrashing).
@@ -358,51 +358,11 @@ class Scheduler:
         plan.add(seq, num_new)
         return True
 
-    def _pick_slot(self, seq: Sequence) -> Slot | None:
-        """The free slot sharing the longest prefix with `seq`, else the least
-        recently used free slot."""
-        free = [s for s in self._slots if s.owner is None]
-        if not free:
-            return None
-        if self.config.enable_prefix_cache:
-            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.last_used))
-            if common_prefix_len(best.token_ids, seq.token_ids) > 0:
-                return best
-        return min(free, key=lambda s: (bool(s.token_ids), s.last_used))
-
-    def _reuse_prefix(self, seq: Sequence, slot: Slot, plan: _StepPlan) -> int:
-        """Trim `slot` to the prefix it shares with `seq`, or copy a longer one
-        from a running slot. Returns the number of tokens reused. At least one
-        token is always left to compute, to get logits to sample from."""
-        limit = seq.num_tokens - 1
-        num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if self.config.enable_prefix_cache else 0
-        best_src, num_copy = None, num_own
-        if self.config.enable_prefix_cache:
-            for other in self._running:
-                other_slot = self._slots[other.slot]
-                n = min(common_prefix_len(other_slot.token_ids, seq.token_ids), limit)
-                if n > num_copy:
-                    best_src, num_copy = other_slot, n
-        plan.kv_used -= len(slot.token_ids)
-        if best_src is not None:
-            plan.kv_ops.append(KvOp("copy", slot.slot_id, num_copy, src=best_src.slot_id))
-            slot.token_ids = best_src.token_ids[:num_copy]
-        elif len(slot.token_ids) != num_own:
-            plan.kv_ops.append(KvOp("keep", slot.slot_id, num_own))
-            del slot.token_ids[num_own:]
-        plan.kv_used += len(slot.token_ids)
-        return len(slot.token_ids)
-
-    def _make_kv_room(self, num_new: int, plan: _StepPlan, protect: Sequence | None, keep: Slot | None = None) -> bool:
+    def _make_kv_room(self, num_new: int, plan: StepPlan, protect: Sequence | None, keep: Slot | None = None) -> bool:
         """Evict cached prefixes of free slots, then preempt running sequences
         with later deadlines than `protect`, until `num_new` tokens fit."""
         while plan.kv_used + num_new > self.capacity.kv_tokens:
-            cached = [s for s in self._slots if s.owner is None and s.token_ids and s is not keep]
-            if cached:
-                victim_slot = min(cached, key=lambda s: s.last_used)
-                plan.kv_used -= len(victim_slot.token_ids)
-                victim_slot.token_ids.clear()
-                plan.kv_ops.append(KvOp("keep", victim_slot.slot_id, 0))
+            if self._slots.evict_cached(plan, keep):
                 continue
             if protect is None:
                 return False
@@ -420,15 +380,12 @@ class Scheduler:
         margin = self.config.preempt_margin * self.config.aging_s
         return victim if waiting.deadline < victim.deadline - margin else None
 
-    def _preempt(self, seq: Sequence, plan: _StepPlan, *, keep_cache: bool) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan, *, keep_cache: bool) -> None:
         slot = self._slots[seq.slot]
         plan.remove(seq)
-        slot.owner = None
-        slot.last_used = self._clock()
+        SlotTable.free(slot, self._clock())
         if not keep_cache:
-            plan.kv_used -= len(slot.token_ids)
-            slot.token_ids.clear()
-            plan.kv_ops.append(KvOp("keep", slot.slot_id, 0))
+            self._slots.clear(slot, plan)
         self._running.remove(seq)
         self._waiting.append(seq)
         seq.status = SeqStatus.WAITING
@@ -474,9 +431,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
-            slot = self._slots[seq.slot]
-            slot.owner = None
-            slot.last_used = self._clock()
+            SlotTable.free(self._slots[seq.slot], self._clock())
             self._running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self._waiting.remove(seq)
@@ -527,25 +482,3 @@ def _decode_first(seq: Sequence) -> tuple[bool, float, float, int]:
     """Running sequences with one token to feed go before those still
     computing a prompt, so a long prompt never stalls others' decoding."""
     return (seq.num_tokens - seq.num_computed_tokens > 1, *_order(seq))
-
-
-class _StepPlan:
-    """The step being built: budget, KV count, edits and chunks."""
-
-    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled")
-
-    def __init__(self, budget: int, kv_used: int) -> None:
-        self.budget = budget
-        self.kv_used = kv_used
-        self.kv_ops: list[KvOp] = []
-        self.scheduled: dict[Sequence, int] = {}
-
-    def add(self, seq: Sequence, num_new: int) -> None:
-        self.scheduled[seq] = num_new
-        self.budget -= num_new
-        self.kv_used += num_new
-
-    def remove(self, seq: Sequence) -> None:
-        num_new = self.scheduled.pop(seq, 0)
-        self.budget += num_new
-        self.kv_used -= num_new

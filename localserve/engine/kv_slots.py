@@ -1,0 +1,111 @@
+"""The KV side of the scheduler: the slots, the prefix cache they form, and
+the plan of the step being built.
+
+A slot holds the tokens whose KV is in the backend's cache for it. A free slot
+keeps the tokens it last held, so a later sequence with the same prefix can
+reuse them. Every change to what a slot holds is also recorded as a `KvOp` in
+the step's plan, so that the backend's cache follows (see `Scheduler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from localserve.engine.sequence import Sequence, Slot, common_prefix_len
+from localserve.engine.types import KvOp
+
+
+class StepPlan:
+    """The step being built: token budget left, KV cells in use, KV edits and
+    the tokens scheduled per sequence."""
+
+    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled")
+
+    def __init__(self, budget: int, kv_used: int) -> None:
+        self.budget = budget
+        self.kv_used = kv_used
+        self.kv_ops: list[KvOp] = []
+        self.scheduled: dict[Sequence, int] = {}
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.scheduled[seq] = num_new
+        self.budget -= num_new
+        self.kv_used += num_new
+
+    def remove(self, seq: Sequence) -> None:
+        num_new = self.scheduled.pop(seq, 0)
+        self.budget += num_new
+        self.kv_used -= num_new
+
+
+class SlotTable:
+    """The KV slots and the prefix cache. Which slot a new sequence takes, how
+    much of its prompt it reuses, which cached prefix goes when room is short."""
+
+    def __init__(self, num_slots: int, *, enable_prefix_cache: bool = True) -> None:
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self.enable_prefix_cache = enable_prefix_cache
+
+    def __getitem__(self, slot_id: int) -> Slot:
+        return self.slots[slot_id]
+
+    def kv_used(self) -> int:
+        """KV cells in use, counted per slot (a shared prefix counts once per slot)."""
+        return sum(len(s.token_ids) for s in self.slots)
+
+    def pick(self, seq: Sequence) -> Slot | None:
+        """The free slot sharing the longest prefix with `seq`, else the least
+        recently used free slot (empty ones first); None if none is free."""
+        free = [s for s in self.slots if s.owner is None]
+        if not free:
+            return None
+        if self.enable_prefix_cache:
+            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.last_used))
+            if common_prefix_len(best.token_ids, seq.token_ids) > 0:
+                return best
+        return min(free, key=lambda s: (bool(s.token_ids), s.last_used))
+
+    def reuse_prefix(self, seq: Sequence, slot: Slot, running: Iterable[Sequence], plan: StepPlan) -> int:
+        """Trim `slot` to the prefix it shares with `seq`, or copy a longer one
+        from the slot of a `running` sequence. Returns the number of tokens
+        reused. At least one token is always left to compute, to get logits to
+        sample from."""
+        limit = seq.num_tokens - 1
+        num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if self.enable_prefix_cache else 0
+        best_src, num_copy = None, num_own
+        if self.enable_prefix_cache:
+            for other in running:
+                other_slot = self.slots[other.slot]
+                n = min(common_prefix_len(other_slot.token_ids, seq.token_ids), limit)
+                if n > num_copy:
+                    best_src, num_copy = other_slot, n
+        plan.kv_used -= len(slot.token_ids)
+        if best_src is not None:
+            plan.kv_ops.append(KvOp("copy", slot.slot_id, num_copy, src=best_src.slot_id))
+            slot.token_ids = best_src.token_ids[:num_copy]
+        elif len(slot.token_ids) != num_own:
+            plan.kv_ops.append(KvOp("keep", slot.slot_id, num_own))
+            del slot.token_ids[num_own:]
+        plan.kv_used += len(slot.token_ids)
+        return len(slot.token_ids)
+
+    def evict_cached(self, plan: StepPlan, keep: Slot | None = None) -> bool:
+        """Drop the least recently used cached prefix (of a free slot other than
+        `keep`). False if there is none."""
+        cached = [s for s in self.slots if s.owner is None and s.token_ids and s is not keep]
+        if not cached:
+            return False
+        self.clear(min(cached, key=lambda s: s.last_used), plan)
+        return True
+
+    def clear(self, slot: Slot, plan: StepPlan) -> None:
+        """Forget everything `slot` holds."""
+        plan.kv_used -= len(slot.token_ids)
+        slot.token_ids.clear()
+        plan.kv_ops.append(KvOp("keep", slot.slot_id, 0))
+
+    @staticmethod
+    def free(slot: Slot, now: float) -> None:
+        """The owner is gone; the tokens stay, as a cached prefix."""
+        slot.owner = None
+        slot.last_used = now
