@@ -1,7 +1,9 @@
 """Soak test: a mixed load for a long while, with the server's memory (RSS)
 sampled every second. Reports requests, failures and p50/p95 latency per
 kind, peak RSS, and RSS growth after the warm-up (total and per minute, from
-a least-squares fit): a leak shows as a steady slope, not as a bump.
+a least-squares fit, also over the second half alone): a leak shows as a
+steady slope in both, caches and allocator arenas filling up as a slope that
+flattens, a bump as neither.
 
 The load, from `--workers` clients each picking a kind at random:
 
@@ -170,6 +172,9 @@ class RssSampler:
                 slope_mb_per_min=round(slope_per_s * 60, 3),
                 max_minus_min_after_warmup_mb=round(float(y.max() - y.min()), 1),
             )
+            late = t >= (t[0] + t[-1]) / 2  # a leak keeps its slope here; caches filling up flatten out
+            if late.sum() >= 10:
+                report["late_slope_mb_per_min"] = round(float(np.polyfit(t[late], y[late], 1)[0]) * 60, 3)
         return report
 
 
@@ -368,6 +373,8 @@ def print_report(report: dict[str, Any]) -> None:
             f"(growth {rss['growth_after_warmup_mb']:+} MB, fit {rss['slope_mb_per_min']:+.3f} MB/min, "
             f"range {rss['max_minus_min_after_warmup_mb']} MB)"
         )
+    if "late_slope_mb_per_min" in rss:
+        print(f"fit over the second half of that: {rss['late_slope_mb_per_min']:+.3f} MB/min")
 
 
 def main() -> int:

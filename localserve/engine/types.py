@@ -39,7 +39,7 @@ def priority_class(priority: float) -> str:
     return "batch"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a sequence ended; values are OpenAI's finish reasons where one exists."""
 
     STOP = "stop"  # EOS/EOG token or a stop string
