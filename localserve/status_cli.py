@@ -15,6 +15,22 @@ from localserve.config import DEFAULT_URL
 from localserve.models.models_cli import catalog_rows, print_rows
 
 
+def add_server_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--url and --api-key of the running server a command talks to."""
+    parser.add_argument(
+        "--url", default=None, metavar="URL", help=f"{what} (env LOCALSERVE_URL; default: {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
+    )
+
+
+def server_of(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(base URL, API key) from the flags, else the environment, else the defaults."""
+    url = (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/")
+    return url, args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None
+
+
 def add_list_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "list",
@@ -22,19 +38,13 @@ def add_list_command(subparsers: Any) -> None:
         description="List the catalog's models and the pulled ones (id, labels, status: installed from PyPI, "
         "downloaded, not downloaded; size, path) and, when a server answers at --url, which it has loaded.",
     )
-    parser.add_argument(
-        "--url", default=None, metavar="URL", help=f"server to ask (env LOCALSERVE_URL; default: {DEFAULT_URL})"
-    )
-    parser.add_argument(
-        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
-    )
+    add_server_options(parser, "server to ask")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=cmd_list)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    url = (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/")
-    api_key = args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None
+    url, api_key = server_of(args)
     rows = catalog_rows()
     loaded, server_note = fetch_loaded(url, api_key)
     for row in rows:
@@ -98,20 +108,12 @@ def add_top_command(subparsers: Any) -> None:
         "(keys: c cancel request, u unload model, p pause, s sort, q quit). Waits for the server "
         "if it is not up yet and reconnects when it restarts.",
     )
-    parser.add_argument(
-        "--url", default=None, metavar="URL", help=f"server to watch (env LOCALSERVE_URL; default: {DEFAULT_URL})"
-    )
-    parser.add_argument(
-        "--api-key", default=None, metavar="KEY", help="API key of that server (env LOCALSERVE_API_KEY; default: none)"
-    )
+    add_server_options(parser, "server to watch")
     parser.set_defaults(handler=cmd_top)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
     from localserve.tui.app import run  # heavy: textual
 
-    run(
-        (args.url or os.environ.get("LOCALSERVE_URL") or DEFAULT_URL).rstrip("/"),
-        args.api_key or os.environ.get("LOCALSERVE_API_KEY") or None,
-    )
+    run(*server_of(args))
     return 0
