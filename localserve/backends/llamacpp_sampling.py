@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import llama_cpp
 import numpy as np
@@ -57,7 +57,7 @@ class SamplerChain:
         try:
             samplers, self._grammar = _samplers(params, vocab, n_vocab)
             if params.ignore_eos and eog_token_ids:
-                samplers.insert(0, _mask(sorted(eog_token_ids), n_vocab))
+                samplers.insert(0, _logit_bias([(t, float("-inf")) for t in sorted(eog_token_ids)], n_vocab))
             for sampler in samplers:
                 llama_cpp.llama_sampler_chain_add(self._chain, sampler)
         except BaseException:
@@ -116,11 +116,12 @@ class SamplerChain:
             self._grammar = None
 
 
-def _mask(token_ids: list[int], n_vocab: int) -> llama_cpp.llama_sampler_p:
-    biases = (llama_cpp.llama_logit_bias * len(token_ids))()
-    for i, token in enumerate(token_ids):
-        biases[i].token, biases[i].bias = token, float("-inf")
-    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(token_ids), biases)
+def _logit_bias(pairs: Sequence[tuple[int, float]], n_vocab: int) -> llama_cpp.llama_sampler_p:
+    """A native sampler adding `bias` to the logit of each `(token, bias)`; -inf bans the token."""
+    biases = (llama_cpp.llama_logit_bias * len(pairs))()
+    for i, (token, bias) in enumerate(pairs):
+        biases[i].token, biases[i].bias = token, bias
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(pairs), biases)
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -133,11 +134,7 @@ def _samplers(
     out = []
     grammar = None
     if params.logit_bias:
-        biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
-        for i, (token, bias) in enumerate(params.logit_bias):
-            biases[i].token = token
-            biases[i].bias = bias
-        out.append(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
+        out.append(_logit_bias(params.logit_bias, n_vocab))
     if params.grammar:
         grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
         if not grammar:

@@ -238,6 +238,18 @@ def test_min_tokens_and_ignore_eos_mask_end_of_generation(smol: LlamaCppBackend)
 
 
 @pytest.mark.slow
+def test_logit_bias_bans_and_forces_tokens(smol: LlamaCppBackend) -> None:
+    tok = smol.tokenizer()
+    prompt = tok.encode("The capital of France is", add_special=False)
+    free = sample_run(smol, prompt, GREEDY, 1)[0]
+    banned = sample_run(smol, prompt, SamplingParams(temperature=0.0, logit_bias=((free, float("-inf")),)), 1)[0]
+    assert banned != free
+    forced = tok.encode(" London", add_special=False)[0]
+    pushed = sample_run(smol, prompt, SamplingParams(temperature=0.0, logit_bias=((forced, 100.0),)), 1)[0]
+    assert pushed == forced
+
+
+@pytest.mark.slow
 def test_grammar_resamples_when_the_free_choice_is_rejected(smol: LlamaCppBackend) -> None:
     tok = smol.tokenizer()
     prompt = tok.encode("The capital of France is", add_special=False)

@@ -151,3 +151,44 @@ async def test_a_step_failure_fails_only_that_step(engine: Engine) -> None:
     engine.set_fault_hook("smol", None)
     _, text, ok = await run(engine, request(prompt, max_tokens=6, temperature=0.0))
     assert ok.finish_reason is FinishReason.LENGTH and "Paris" in text
+
+
+async def test_batch_work_narrows_around_an_interactive_request(engine: Engine) -> None:
+    """The scheduler's busy rules on the real model: the interactive prompt's
+    step is computed alone, then it shares steps with at most max_num_seqs/4
+    batch sequences; alone, the batch decodes all together."""
+    steps: list[tuple[tuple[int, int], ...]] = []  # per step: (seq_id, tokens) of each chunk
+    engine.set_fault_hook("smol", lambda batch: steps.append(tuple((c.seq_id, len(c.token_ids)) for c in batch.chunks)))
+    started = [asyncio.Event() for _ in range(8)]
+
+    async def batch_line(i: int) -> list[int]:
+        params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+        tokens = []
+        async for event in engine.submit(
+            "smol", GenerateRequest(f"bg{next(_ids)}", encode(engine, SIXTEEN_PROMPTS[i]), params, 2.0)
+        ):
+            tokens.extend(event.token_ids)
+            started[i].set()
+        return tokens
+
+    try:
+        lines = [asyncio.create_task(batch_line(i)) for i in range(8)]
+        for event in started:
+            await event.wait()
+        mark = len(steps)  # every batch line has its first token: all are decoding
+        prompt = encode(engine, "Write one sentence about the sea and the sky over the harbour tonight.")
+        chat = GenerateRequest(
+            f"chat{next(_ids)}", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), 0.0
+        )
+        _, _, last = await run(engine, chat)
+        outputs = await asyncio.gather(*lines)
+    finally:
+        engine.set_fault_hook("smol", None)
+    assert last.num_output_tokens == 8 and all(len(tokens) == 48 for tokens in outputs)
+    batch_seqs = {seq_id for step in steps[:mark] for seq_id, _ in step}
+    first = next(i for i in range(mark, len(steps)) if any(seq_id not in batch_seqs for seq_id, _ in steps[i]))
+    chat_seq = steps[first][0][0]
+    assert max(len(step) for step in steps[:mark]) == 8  # alone, every batch line in one step
+    assert steps[first] == ((chat_seq, len(prompt)),)  # the chat prompt's step: alone
+    with_chat = [step for step in steps[first + 1 :] if any(seq_id == chat_seq for seq_id, _ in step)]
+    assert len(with_chat) == 7 and all(len(step) == 1 + 16 // 4 for step in with_chat)
