@@ -45,6 +45,7 @@ from bench.compare_servers import (  # noqa: E402
     RunningServer,
     build_llama_server,
     free_port,
+    wait_for_quiet,
     server_specs,
     server_version,
 )
@@ -131,7 +132,8 @@ def run_all(args: argparse.Namespace) -> None:
         for name in args.servers:
             port = free_port()
             spec = server_specs(args, model_path, port)[name]
-            print(f"[repeat {repeat + 1}/{args.repeats}] {name}  load average {os.getloadavg()[0]:.2f}", flush=True)
+            load = wait_for_quiet(args.max_wait_quiet)
+            print(f"[repeat {repeat + 1}/{args.repeats}] {name}  load average {load:.2f}", flush=True)
             started = time.time()
             log_path = CACHE / "logs" / f"{args.tag}-{name}-r{repeat}.log"
             with RunningServer(spec, port, log_path, args.env) as server:
@@ -140,6 +142,7 @@ def run_all(args: argparse.Namespace) -> None:
                 result = asyncio.run(bench_server(args, server.url, server.process.pid, with_priority=with_priority))
             result["server"] = {"name": name, "argv": spec.argv, "env": args.env, "version": server_version(name, args)}
             result["repeat"] = repeat
+            result["loadavg_before"] = round(load, 2)
             result["wall_s"] = round(time.time() - started, 1)
             path = runs_dir / f"{args.tag}-{name}-r{repeat}.json"
             path.write_text(json.dumps(result, indent=1) + "\n")
@@ -203,7 +206,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0, help="seed of prompts and arrivals (default: 0)")
     add("--pause", type=float, default=2.0, help="idle seconds between levels (default: 2)")
     add("--llama-server", type=Path, default=LLAMA_SERVER, help=f"llama-server binary (default: {LLAMA_SERVER})")
-    add("--build-llama-server", action="store_true", help="download and build llama-server, then exit")
+    add("--build-llama-server", action="store_true", help="download and build llama-server (native), then exit")
+    add("--portable", action="store_true", help="with --build-llama-server: GGML_NATIVE=OFF (default: native)")
+    add(
+        "--max-wait-quiet",
+        type=float,
+        default=420.0,
+        help="seconds to wait before each run for a 1-minute load average below 0.5; then give up (default: 420)",
+    )
     add("--tag", default="smollm2", help="name of this comparison's files (default: smollm2)")
     add("--out", type=Path, default=ROOT / "bench" / "results", help="results folder (default: bench/results)")
     add("--docs", type=Path, default=ROOT / "docs", help="plots folder (default: docs)")
@@ -223,7 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.build_llama_server:
-        build_llama_server()
+        build_llama_server(portable=args.portable)
         return
     if not args.plots_only:
         if "llama-server" in args.servers and not args.llama_server.exists():

@@ -142,16 +142,19 @@ def server_version(name: str, args: argparse.Namespace) -> str:
     return f"localserve {__version__}"
 
 
-def build_llama_server() -> None:
+def build_llama_server(*, portable: bool = False) -> None:
     """Download the llama-cpp-python sdist and build its vendored llama.cpp's
-    llama-server under ~/.cache/localserve-bench (GGML_NATIVE=OFF, as our
-    llama-cpp-python build)."""
+    llama-server under ~/.cache/localserve-bench the way llama.cpp's README
+    builds it: default CMake options, so a native CPU build with OpenMP
+    (`portable`: GGML_NATIVE=OFF, for a binary that runs on any x86-64)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     build = LLAMA_CPP_SRC / "build"
     pip_download = f"-m pip download --no-binary :all: --no-deps llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} -d"
-    options = "-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "
+    options = "-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "
     options += "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON"
+    if portable:
+        options += " -DGGML_NATIVE=OFF"
     steps = []
     if not sdist.exists():
         steps.append([sys.executable, *pip_download.split(), str(CACHE)])
@@ -162,3 +165,24 @@ def build_llama_server() -> None:
     for step in steps:
         print("+", " ".join(step), flush=True)
         subprocess.run(step, check=True)
+
+
+QUIET_LOAD = 0.5  # 1-minute load average below which a run may start
+
+
+def wait_for_quiet(max_wait_s: float = 420.0, threshold: float = QUIET_LOAD) -> float:
+    """Wait until the 1-minute load average is below `threshold` (the previous
+    server's own load takes a minute or two to decay) and return it; exit
+    without a figure if the machine stays busy: a run on a busy machine is no
+    figure."""
+    deadline = time.monotonic() + max_wait_s
+    load = os.getloadavg()[0]
+    while load >= threshold:
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"the machine is busy (1-minute load average {load:.2f} >= {threshold} after {max_wait_s:.0f} s): "
+                "stop what else runs and benchmark again; no figures were recorded for this run"
+            )
+        time.sleep(5)
+        load = os.getloadavg()[0]
+    return load
