@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localserve import __version__
+from localserve.backends.kv_types import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localserve.config import MODEL_DEFAULTS, ServerSettings
 from localserve.errors import LocalServeError
 from localserve.models.models_cli import keep_alive_option, max_loaded_models_option
@@ -153,6 +154,28 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "layers of a GGUF model offloaded to the GPU: auto (as many as free GPU memory holds; 0 without a GPU "
         "build), all, or N",
         "N",
+    ),
+    Option(
+        "--cache-type-k",
+        "cache_type_k",
+        _choice(tuple(KV_CACHE_TYPES)),
+        f"KV cache element type of K for GGUF models: {', '.join(KV_CACHE_TYPES)} (default f16; q8_0 halves the "
+        "KV memory)",
+        "TYPE",
+    ),
+    Option(
+        "--cache-type-v",
+        "cache_type_v",
+        _choice(tuple(KV_CACHE_TYPES)),
+        "KV cache element type of V, as --cache-type-k (a quantized V needs flash attention)",
+        "TYPE",
+    ),
+    Option(
+        "--flash-attn",
+        "flash_attn",
+        _choice(FLASH_ATTN_MODES),
+        "flash attention for GGUF models: auto (where the device supports it), on, off",
+        "MODE",
     ),
     Option(
         "--allow-host",

@@ -18,6 +18,9 @@ MODEL_DEFAULTS: dict[str, int | str] = {
     "kv_size": 0,
     "device": "auto",
     "n_gpu_layers": "auto",
+    "cache_type_k": "f16",
+    "cache_type_v": "f16",
+    "flash_attn": "auto",
 }
 
 
@@ -35,6 +38,9 @@ class ServerSettings:
     kv_size: int | None = None  # KV cells per model (0: ctx_size * parallel, a stream per slot; fewer: one shared pool)
     device: str | None = None  # auto | cpu | gpu
     n_gpu_layers: int | str | None = None  # layers offloaded to the GPU: "auto" (what fits), N, or -1 (all)
+    cache_type_k: str | None = None  # KV cache element type of K: f16, q8_0, q4_0, ... (backends/kv_types.py)
+    cache_type_v: str | None = None  # ... of V (quantized V needs flash attention)
+    flash_attn: str | None = None  # auto | on | off
     batch_tokens: int = 512  # token budget of one step
     threads: int = 0  # 0: all cores
     allow_hosts: list[str] = field(default_factory=list)  # extra Host header names

@@ -146,6 +146,9 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_SHUTDOWN_TIMEOUT": "2.5",
         "LOCALSERVE_MAX_LOADED_MODELS": "2",
         "LOCALSERVE_KEEP_ALIVE": "10m",
+        "LOCALSERVE_CACHE_TYPE_K": "q8_0",
+        "LOCALSERVE_CACHE_TYPE_V": "q4_0",
+        "LOCALSERVE_FLASH_ATTN": "on",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -169,6 +172,9 @@ def test_every_option_reads_its_env_var() -> None:
         shutdown_timeout_s=2.5,
         max_loaded_models="2",
         keep_alive="10m",
+        cache_type_k="q8_0",
+        cache_type_v="q4_0",
+        flash_attn="on",
     )
 
 

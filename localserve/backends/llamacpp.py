@@ -21,6 +21,7 @@ from pathlib import Path
 import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
+from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp_sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp_tokenizer import LlamaTokenizer
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, StepBatch, StepResult
@@ -32,6 +33,13 @@ _DECODE_ERRORS = {
     1: "no KV cache room for the batch",
     2: "the computation was aborted",
     -1: "invalid input batch",
+}
+
+
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 
 
@@ -48,6 +56,9 @@ class LlamaCppConfig:
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # auto | cpu | gpu
     n_gpu_layers: int = -1  # with device gpu/auto-on-GPU: layers to offload, -1 all
+    cache_type_k: str = "f16"  # KV cache element types (kv_types.KV_CACHE_TYPES); a quantized V needs flash attention
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # auto | on | off
 
 
 _init_lock = threading.Lock()
@@ -130,11 +141,16 @@ class LlamaCppBackend(GenerativeBackend):
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
+        params.type_k = KV_CACHE_TYPES[config.cache_type_k][0]
+        params.type_v = KV_CACHE_TYPES[config.cache_type_v][0]
+        params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
+            hint = "lower --ctx-size or --parallel"
+            if config.cache_type_v not in ("f32", "f16", "bf16"):
+                hint += f"; a quantized V cache ({config.cache_type_v}) needs flash attention (--flash-attn on)"
             raise LocalServeError(
-                f"llama.cpp could not create a context of {kv_tokens} KV tokens x {parallel} sequences; "
-                "lower --ctx-size or --parallel"
+                f"llama.cpp could not create a context of {kv_tokens} KV tokens x {parallel} sequences; {hint}"
             )
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)

@@ -79,6 +79,9 @@ class Source(BaseModel):
         return parse_hub_uri(self.uri, self.files, self.sha256)
 
 
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]  # kv_types.KV_CACHE_TYPES
+
+
 class ModelOptions(BaseModel):
     """Per-model load options; None = not set at this level."""
 
@@ -88,6 +91,9 @@ class ModelOptions(BaseModel):
     kv_size: int | None = Field(default=None, ge=0)  # KV cells over all slots; 0 = ctx_size * parallel
     device: Literal["auto", "cpu", "gpu"] | None = None
     n_gpu_layers: int | Literal["auto"] | None = None  # -1 = all
+    cache_type_k: KvCacheType | None = None  # KV cache element types (backends/kv_types.py)
+    cache_type_v: KvCacheType | None = None
+    flash_attn: Literal["auto", "on", "off"] | None = None
 
     @field_validator("device", mode="before")
     @classmethod

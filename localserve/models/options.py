@@ -15,11 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from localserve.backends.kv_types import check_kv_types
 from localserve.config import MODEL_DEFAULTS, ServerSettings
 from localserve.errors import DeviceNotFoundError, InvalidRequestError
 from localserve.models.catalog import ModelOptions, option_layers, parse_gpu_layers
 
-OPTION_NAMES = ("ctx_size", "parallel", "kv_size", "device", "n_gpu_layers")
+OPTION_NAMES = (
+    "ctx_size",
+    "parallel",
+    "kv_size",
+    "device",
+    "n_gpu_layers",
+    "cache_type_k",
+    "cache_type_v",
+    "flash_attn",
+)
 REQUEST, FLAG, CONFIG, CATALOG, DEFAULT = "request", "flag", "config", "catalog", "default"
 
 
@@ -33,6 +43,9 @@ class ResolvedOptions:
     device: str  # auto | cpu | gpu
     n_gpu_layers: int | None  # None = auto, -1 = all
     sources: dict[str, str] = field(default_factory=dict)  # option -> REQUEST | FLAG | CONFIG | CATALOG | DEFAULT
+    cache_type_k: str = "f16"  # KV cache element types (backends/kv_types.py)
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # auto | on | off
 
     def explicit_gpu_layers(self) -> bool:
         """A number of GPU layers the user asked for (not the catalog's, not auto)."""
@@ -49,6 +62,9 @@ class ResolvedOptions:
             kv_size=self.kv_size,
             device=self.device,
             n_gpu_layers=self.n_gpu_layers,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+            flash_attn=self.flash_attn,
         )
 
 
@@ -66,6 +82,10 @@ def resolve_options(model_id: str, settings: ServerSettings, request: ModelOptio
                 values[name], sources[name] = layer[name], source
                 break
     layers_value = values["n_gpu_layers"]
+    try:
+        check_kv_types(str(values["cache_type_k"]), str(values["cache_type_v"]), str(values["flash_attn"]))
+    except ValueError as exc:
+        raise InvalidRequestError(f"model {model_id!r}: {exc}", param="cache_type_v") from None
     return ResolvedOptions(
         ctx_size=int(values["ctx_size"]),
         parallel=int(values["parallel"]),
@@ -73,6 +93,9 @@ def resolve_options(model_id: str, settings: ServerSettings, request: ModelOptio
         device=str(values["device"]).lower(),
         n_gpu_layers=None if layers_value == "auto" else int(layers_value),
         sources=sources,
+        cache_type_k=str(values["cache_type_k"]),
+        cache_type_v=str(values["cache_type_v"]),
+        flash_attn=str(values["flash_attn"]),
     )
 
 

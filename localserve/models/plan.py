@@ -6,11 +6,13 @@ config, and reported (the load log, `/api/v1/stats`, `/api/v1/loaded`,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localserve.backends.kv_types import kv_bytes_scale
 from localserve.backends.llamacpp import LlamaCppConfig
 from localserve.config import ServerSettings
 from localserve.engine.types import Capacity
@@ -35,6 +37,10 @@ class LoadReport:
     device: str
     sources: dict[str, str] = field(default_factory=dict)  # option -> where its value came from
     notes: tuple[str, ...] = ()  # what the auto-fit decided
+    weight_bytes: int = 0  # every tensor of the model; 0 when unknown (not a GGUF)
+    cache_type_k: str | None = None  # KV cache element types and flash attention (llama.cpp only)
+    cache_type_v: str | None = None
+    flash_attn: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +48,10 @@ class LoadReport:
             "parallel": self.parallel,
             "kv_tokens": self.kv_tokens,
             "kv_mib": round(self.kv_bytes / MIB, 1),
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "flash_attn": self.flash_attn,
+            "weights_mib": round(self.weight_bytes / MIB, 1),
             "kv_shared": self.kv_tokens < self.ctx_per_slot * self.parallel,  # one pool for all slots
             "n_gpu_layers": self.n_gpu_layers,
             "n_layers": self.n_layers,
@@ -54,6 +64,8 @@ class LoadReport:
         """One line for the load log and `localserve list`."""
         gpu = f"{self.n_gpu_layers}/{self.n_layers}" if self.n_layers else str(self.n_gpu_layers)
         kv = f", KV {self.kv_bytes / MIB:.0f} MiB" if self.kv_bytes else ""
+        if self.kv_bytes and (self.cache_type_k, self.cache_type_v) != ("f16", "f16"):
+            kv += f" {self.cache_type_k}/{self.cache_type_v}"
         if self.kv_tokens < self.ctx_per_slot * self.parallel:
             kv += f" (one pool of {self.kv_tokens} cells)"
         return f"ctx {self.ctx_per_slot} x {self.parallel} slots, GPU layers {gpu}{kv}"
@@ -81,15 +93,23 @@ class LlamaCppPlan:
             device=device,
             sources=self.options.sources,
             notes=self.fit.notes,
+            weight_bytes=self.shape.weight_bytes,
+            cache_type_k=self.config.cache_type_k,
+            cache_type_v=self.config.cache_type_v,
+            flash_attn=self.config.flash_attn,
         )
 
 
 def plan_llamacpp(model_id: str, path: Path, settings: ServerSettings, request: ModelOptions) -> LlamaCppPlan:
     """Resolve, check and fit a GGUF model's options (blocking: reads the GGUF header and the catalog)."""
-    options = resolve_options(model_id, settings, request)
+    return plan_resolved(model_id, path, settings, resolve_options(model_id, settings, request))
+
+
+def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: ResolvedOptions) -> LlamaCppPlan:
+    """Check and fit a GGUF model's resolved options to memory (blocking: reads the GGUF header)."""
     memory = probe_memory()
     check_gpu_request(model_id, options, memory.gpu_offload)
-    shape = read_gguf_shape(path)
+    shape = with_kv_types(read_gguf_shape(path), options.cache_type_k, options.cache_type_v)
     want = FitRequest(
         ctx_size=options.ctx_size,
         parallel=options.parallel,
@@ -107,10 +127,19 @@ def plan_llamacpp(model_id: str, path: Path, settings: ServerSettings, request: 
         n_threads=settings.threads,
         device=options.device,
         n_gpu_layers=fit.n_gpu_layers,
+        cache_type_k=options.cache_type_k,
+        cache_type_v=options.cache_type_v,
+        flash_attn=options.flash_attn,
     )
     for note in fit.notes:
         log.info("%s: %s", model_id, note)
     return LlamaCppPlan(config, options, shape, fit)
+
+
+def with_kv_types(shape: GgufShape, type_k: str, type_v: str) -> GgufShape:
+    """`shape` with its KV bytes for these cache types (the GGUF reader counts f16)."""
+    scale = kv_bytes_scale(type_k, type_v)
+    return dataclasses.replace(shape, kv_bytes_per_layer=tuple(round(b * scale) for b in shape.kv_bytes_per_layer))
 
 
 def plain_report(options: ResolvedOptions, capacity: Capacity, device: str) -> LoadReport:

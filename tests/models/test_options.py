@@ -43,6 +43,9 @@ def test_each_option_comes_from_the_most_specific_level(user_catalog: Path) -> N
         "kv_size": "flag",
         "device": "default",
         "n_gpu_layers": "request",
+        "cache_type_k": "default",
+        "cache_type_v": "default",
+        "flash_attn": "default",
     }
     assert resolve_options(SMOL, ServerSettings(), ModelOptions(kv_size=1)).kv_size == 1  # request beats all
 

@@ -1,0 +1,59 @@
+"""KV cache element types and flash attention: memory accounting and real loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localserve.backends.kv_types import check_kv_types, kv_bytes_scale
+from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.config import ServerSettings
+from localserve.errors import InvalidRequestError
+from localserve.models.catalog import ModelOptions
+from localserve.models.plan import plan_llamacpp
+from tests.backends.test_llamacpp import greedy_continue
+
+
+def test_quantized_types_scale_the_kv_bytes() -> None:
+    assert kv_bytes_scale("f16", "f16") == 1.0
+    assert kv_bytes_scale("q8_0", "q8_0") == pytest.approx(34 / 64)
+    assert kv_bytes_scale("q4_0", "q4_0") == pytest.approx(18 / 64)
+    assert kv_bytes_scale("q8_0", "f16") == pytest.approx((34 / 32 + 2) / 4)
+
+
+def test_a_quantized_v_cache_without_flash_attention_is_refused() -> None:
+    check_kv_types("q8_0", "q8_0", "auto")
+    check_kv_types("q8_0", "f16", "off")
+    with pytest.raises(ValueError, match="needs flash attention"):
+        check_kv_types("f16", "q4_0", "off")
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        check_kv_types("q3_k", "f16", "auto")
+
+
+def test_the_plan_accounts_for_the_cache_type(smollm2_path: Path) -> None:
+    def kv_bytes(**options: str) -> int:
+        settings = ServerSettings(ctx_size=1024, parallel=4)
+        return plan_llamacpp("smollm2-135m-instruct", smollm2_path, settings, ModelOptions(**options)).fit.kv_bytes
+
+    f16 = kv_bytes()
+    assert kv_bytes(cache_type_k="q8_0", cache_type_v="q8_0") == pytest.approx(f16 * 34 / 64, rel=0.01)
+    assert kv_bytes(cache_type_k="q4_0", cache_type_v="q4_0", flash_attn="on") == pytest.approx(f16 * 18 / 64, rel=0.01)
+    with pytest.raises(InvalidRequestError, match="needs flash attention"):
+        kv_bytes(cache_type_v="q4_0", flash_attn="off")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_type", ["q8_0", "q4_0"])
+def test_smollm2_answers_with_a_quantized_kv_cache(smollm2_path: Path, cache_type: str) -> None:
+    config = LlamaCppConfig(
+        str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=256, n_threads=2,
+        cache_type_k=cache_type, cache_type_v=cache_type, flash_attn="on",
+    )  # fmt: skip
+    backend = LlamaCppBackend(config)
+    try:
+        tok = backend.tokenizer()
+        text = tok.decode(greedy_continue(backend, tok.encode("The capital of France is", add_special=False), 5))
+        assert "Paris" in text
+    finally:
+        backend.close()
