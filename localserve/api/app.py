@@ -188,11 +188,42 @@ def _oneshot_object(model_id: str, loaded: LoadedOneShot) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """`GET /v1/models`: the loaded models, generative and one-shot (embeddings, speech)."""
+    """`GET /v1/models`: the loaded models, generative and one-shot (embeddings,
+    speech); with `?all=true` also every model here that a request would load
+    (`meta.loaded` false, `meta.source` where it was found)."""
     manager = request.app[MANAGER]
     data = [_model_object(model_id, loaded, request) for model_id, loaded in list(manager.loaded.items())]
     data += [_oneshot_object(model_id, loaded) for model_id, loaded in list(manager.oneshot.items())]
+    for item in data:
+        item["meta"]["loaded"] = True
+    if request.query.get("all", "").strip().lower() in ("1", "true", "yes"):
+        ids = {item["id"] for item in data}
+        data += [_servable_object(row) for row in await asyncio.to_thread(_servable_rows) if row["id"] not in ids]
     return web.json_response({"object": "list", "data": data})
+
+
+def _servable_rows() -> list[dict[str, Any]]:
+    from localserve.models.discovery import model_rows, servable
+
+    return [row for row in model_rows() if servable(row)]
+
+
+def _servable_object(row: dict[str, Any]) -> dict[str, Any]:
+    """A model on this machine that is not loaded (a request loads it)."""
+    return {
+        "id": row["id"],
+        "object": "model",
+        "created": 0,
+        "owned_by": "localserve",
+        "meta": {
+            "kind": row["kind"],
+            "loaded": False,
+            "backend": row["backend"],
+            "source": row["source"],
+            "labels": row["labels"],
+            "size_bytes": row["size_bytes"],
+        },
+    }
 
 
 async def get_model(request: web.Request) -> web.Response:

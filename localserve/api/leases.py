@@ -44,16 +44,18 @@ async def release_leases_middleware(request: web.Request, handler: Any) -> web.S
                 lifecycle.release(lease)
 
 
-async def use_model(request: web.Request, model_id: str, *, kind: str | None, keep_alive: Any = None) -> None:
+async def use_model(request: web.Request, model_id: str, *, kind: str | None, keep_alive: Any = None) -> str:
     """Load `model_id` if needed and hold it for this request (no-op in an
-    app without a lifecycle). 400 bad id or kind, 404 unknown, 503 no room."""
+    app without a lifecycle); the id it is served under (`llama3.2` is
+    `llama3.2:latest`). 400 bad id or kind, 404 unknown, 503 no room."""
     lifecycle = request.app.get(LIFECYCLE)
     if lifecycle is None:
-        return
+        return model_id
     if keep_alive is None:
         keep_alive = await body_keep_alive(request)
     lease = await lifecycle.acquire(model_id, kind=kind, keep_alive=keep_alive)
     request.setdefault(_LEASES, []).append(lease)
+    return lease.model_id
 
 
 async def body_keep_alive(request: web.Request) -> Any:

@@ -4,7 +4,9 @@ and Ollama model names as this server's model ids.
 Names are model ids; `NAME:latest` is read as `NAME` unless a model is
 loaded under the full name, as Ollama's clients add the tag. `/api/tags`
 lists the chat and embeddings models on this machine, loaded or not (a
-request loads them on demand); `/api/ps` the loaded ones. Speech models have
+request loads them on demand): the catalog's, and those in the Hugging Face
+cache, Ollama's store and LM Studio's folder (`source` says which; `needs`
+what to install when the model's backend is missing); `/api/ps` the loaded ones. Speech models have
 no place in Ollama's API. `digest` hashes the model file's path, size and
 modification time, not its content (hashing gigabytes per listing is slow).
 Models not loaded are described from their files: no parameter count or
@@ -40,6 +42,8 @@ class OllamaModel:
     kind: str  # GENERATE or EMBEDDINGS
     path: Path
     info: BackendInfo | None  # None: not loaded
+    source: str = ""  # where it was found ("huggingface", "ollama", "lmstudio", "pypi:...")
+    needs: str = ""  # what to install before it can load ("" = nothing)
 
     @property
     def loaded(self) -> bool:
@@ -69,20 +73,19 @@ def loaded_models(request: web.Request) -> list[OllamaModel]:
 
 def installed_models() -> list[OllamaModel]:
     """Chat and embeddings models on this machine (blocking: reads the catalog and the store)."""
-    from localserve.models.models_cli import catalog_rows
+    from localserve.models.discovery import model_rows
 
     try:
-        rows = catalog_rows()
+        rows = model_rows()
     except Exception:  # a broken user catalog must not take the listing down
         log.exception("could not list the installed models")
         return []
     out = []
     for row in rows:
-        labels = row["labels"]
-        if not row["installed"] or not row["path"] or ("chat" not in labels and EMBEDDINGS not in labels):
+        if not row["installed"] or not row["path"] or row["kind"] not in ("chat", EMBEDDINGS):
             continue
-        kind = EMBEDDINGS if EMBEDDINGS in labels else GENERATE
-        out.append(OllamaModel(row["id"], kind, Path(row["path"]), None))
+        kind = EMBEDDINGS if row["kind"] == EMBEDDINGS else GENERATE
+        out.append(OllamaModel(row["id"], kind, Path(row["path"]), None, row["source"], row["needs"]))
     return out
 
 
@@ -107,9 +110,13 @@ def find_model(request: web.Request, name: str, installed: list[OllamaModel]) ->
 def details(model: OllamaModel) -> dict[str, Any]:
     """Ollama's `details`, from llama.cpp's model description ("llama 135M Q4_1")."""
     if model.info is None:
-        family = (gguf_architecture(model.path) if model.path.is_file() else "") or ""
-        quantization, size = "", ""
-        file_format = "gguf" if model.path.suffix == ".gguf" else "folder"
+        from localserve.models.builtin_backends import is_gguf
+        from localserve.models.names import quant_of
+
+        gguf = is_gguf(model.path)
+        family = (gguf_architecture(model.path) if gguf else "") or ""
+        quantization, size = quant_of(model.path.name), ""
+        file_format = "gguf" if gguf else "folder"
     else:
         parts = model.info.architecture.split(" ", 2)
         family = parts[0] if parts and parts[0] else model.info.backend
@@ -146,7 +153,7 @@ def file_facts(path: Path) -> tuple[int, str, str]:
 def model_entry(model: OllamaModel) -> dict[str, Any]:
     """One model of `/api/tags` (blocking: reads file sizes)."""
     size, digest, modified = file_facts(model.path)
-    return {
+    entry: dict[str, Any] = {
         "name": model.model_id,
         "model": model.model_id,
         "modified_at": modified,
@@ -154,6 +161,11 @@ def model_entry(model: OllamaModel) -> dict[str, Any]:
         "digest": digest,
         "details": details(model),
     }
+    if model.source:
+        entry["source"] = model.source
+    if model.needs:
+        entry["needs"] = model.needs  # its backend is not installed: a request for it gets a 400 saying this
+    return entry
 
 
 def capabilities(request: web.Request, model: OllamaModel) -> list[str]:

@@ -12,11 +12,11 @@ from localserve.api.metrics import note_model
 from localserve.api.state import MANAGER, SETTINGS, STATE
 from localserve.api.stats import add_one_shot_provider
 from localserve.errors import LocalServeError, ModelLoadingError
+from localserve.models.names import validate_model_id
 from localserve.models.oneshot import EMBEDDINGS, oneshot_kind
 from localserve.models.policy import ASR
 from localserve.models.policy import EMBEDDINGS as EMBEDDINGS_KIND
 from localserve.models.registry import LoadedOneShot, ModelManager, resolve
-from localserve.models.store import validate_model_id
 
 PREFIXES = ("/v1", "/api/v1")
 _CLEANUP_ADDED = web.AppKey("oneshot_cleanup_added", bool)
@@ -32,7 +32,7 @@ async def oneshot_model(request: web.Request, model_id: str, kind: str) -> Loade
         validate_model_id(model_id)
         if request.app[STATE].loading:
             raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
-    await use_model(request, model_id, kind=EMBEDDINGS_KIND if kind == EMBEDDINGS else ASR)
+    model_id = await use_model(request, model_id, kind=EMBEDDINGS_KIND if kind == EMBEDDINGS else ASR)
     model = manager.get_oneshot(model_id, kind)
     note_model(request, model_id)
     return model

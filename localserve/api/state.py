@@ -16,7 +16,7 @@ from localserve.engine.engine import Engine
 from localserve.errors import ModelLoadingError
 from localserve.models.policy import CHAT
 from localserve.models.registry import ModelManager
-from localserve.models.store import validate_model_id
+from localserve.models.names import validate_model_id
 
 
 @dataclass(slots=True)
@@ -63,6 +63,6 @@ async def require_model(request: web.Request, model_id: str, *, load: bool = Tru
         if request.app[STATE].loading:
             raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
     if load or model_id in manager.loaded:
-        await use_model(request, model_id, kind=CHAT, keep_alive=keep_alive)
+        model_id = await use_model(request, model_id, kind=CHAT, keep_alive=keep_alive)
     manager.get(model_id)  # raises ModelLoadingError / ModelNotFoundError / InvalidRequestError (wrong kind)
     return model_id

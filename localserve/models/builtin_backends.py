@@ -1,0 +1,186 @@
+"""The backends that ship with localserve, in the order they claim a path.
+
+Speech first (a Whisper folder also holds a `config.json`), then embeddings
+(a BERT-family GGUF is a GGUF too), then chat. Each names the modules it
+needs and the extra that installs them: llama.cpp is in the base install;
+speech (`[speech]`: faster-whisper, whisper.cpp, PyAV), ONNX Runtime
+(`[onnx]`) and OpenVINO (`[openvino]`) are extras.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from localserve.config import MODEL_DEFAULTS
+from localserve.models.backend_registry import (
+    CHAT,
+    EMBEDDINGS,
+    LLAMACPP,
+    TRANSCRIPTION,
+    BackendContext,
+    BackendSpec,
+    Opened,
+)
+
+ONNX, OPENVINO, FASTER_WHISPER, WHISPER_CPP, AUTO = "onnx", "openvino", "whisper", "whisper.cpp", "auto"
+GGUF_MAGIC = b"GGUF"
+
+
+# ---- what a path holds -------------------------------------------------------------------
+
+
+def is_gguf(path: Path) -> bool:
+    """A GGUF file, by its magic (Ollama's blobs have no `.gguf` suffix)."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def is_embedding_gguf(path: Path) -> bool:
+    from localserve.models.oneshot import EMBEDDING_ARCHS, gguf_architecture
+
+    try:
+        return is_gguf(path) and gguf_architecture(path) in EMBEDDING_ARCHS
+    except (MemoryError, OverflowError, ValueError):  # a corrupt header
+        return False
+
+
+def is_sentence_transformers(path: Path) -> bool:
+    return path.is_dir() and (path / "model.safetensors").is_file() and _config(path).get("model_type") == "bert"
+
+
+def is_ct2_whisper(path: Path) -> bool:
+    return path.is_dir() and (path / "model.bin").is_file() and "alignment_heads" in _config(path)
+
+
+def is_ggml_whisper_file(path: Path) -> bool:
+    from localserve.models.convert_whisper import is_ggml_whisper
+
+    return path.is_file() and path.suffix.lower() == ".bin" and is_ggml_whisper(path)
+
+
+def is_openvino_whisper_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "openvino_encoder_model.xml").is_file()
+
+
+def is_converted_embeddings(suffix: str) -> Any:
+    """What `localserve convert --format onnx|openvino` writes: NAME.onnx|.xml beside NAME.tokenizer.json."""
+
+    def detect(path: Path) -> bool:
+        return (
+            path.is_file() and path.suffix.lower() == suffix and path.with_name(path.stem + ".tokenizer.json").is_file()
+        )
+
+    return detect
+
+
+def is_onnx_decoder(path: Path) -> bool:
+    """A folder of `localserve export --to onnx` (or its model.onnx beside tokenizer.json)."""
+    if path.is_dir():
+        return (path / "model.onnx").is_file()
+    return path.name == "model.onnx" and (path.parent / "tokenizer.json").is_file()
+
+
+def is_openvino_decoder(path: Path) -> bool:
+    if path.is_dir():
+        return (path / "openvino_model.xml").is_file()
+    return path.name == "openvino_model.xml"
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# ---- opening -----------------------------------------------------------------------------
+
+
+def open_llamacpp(path: Path, ctx: BackendContext) -> Opened:
+    """A GGUF fitted to memory (GPU layers, context per slot) with its load report."""
+    from localserve.backends.llamacpp import LlamaCppBackend
+    from localserve.models.plan import plan_llamacpp
+
+    plan = plan_llamacpp(ctx.model_id, path, ctx.settings, ctx.request)
+    backend = LlamaCppBackend(plan.config)
+    return Opened(backend, report=plan.report(backend.capacity(), backend.info().device))
+
+
+def open_onnx(path: Path, ctx: BackendContext) -> Opened:
+    from localserve.backends.onnx import OnnxBackend, OnnxConfig
+
+    s, o = ctx.settings, ctx.options
+    n_ctx = o.ctx_size or int(MODEL_DEFAULTS["ctx_size"])  # no GGUF header: 0 falls back to the default
+    config = OnnxConfig(
+        str(path),
+        n_ctx=n_ctx,
+        parallel=o.parallel,
+        kv_tokens=o.kv_size,
+        batch_tokens=s.batch_tokens,
+        n_threads=s.threads,
+        device=o.device,
+    )
+    return _plain(OnnxBackend(config), ctx)
+
+
+def open_openvino(path: Path, ctx: BackendContext) -> Opened:
+    from localserve.backends.openvino import OpenVinoBackend, OpenVinoConfig
+
+    s, o = ctx.settings, ctx.options
+    n_ctx = o.ctx_size or int(MODEL_DEFAULTS["ctx_size"])
+    config = OpenVinoConfig(
+        str(path),
+        n_ctx=n_ctx,
+        parallel=o.parallel,
+        kv_tokens=o.kv_size,
+        batch_tokens=s.batch_tokens,
+        n_threads=s.threads,
+        device=o.device,
+    )
+    return _plain(OpenVinoBackend(config), ctx)
+
+
+def _plain(backend: Any, ctx: BackendContext) -> Opened:
+    from localserve.models.plan import plain_report
+
+    return Opened(backend, report=plain_report(ctx.options, backend.capacity(), backend.info().device))
+
+
+def open_oneshot_builtin(kind: str) -> Any:
+    """The built-in embeddings and speech models open through models/oneshot.py,
+    which picks the runtime from the files and the catalog entry."""
+
+    def open_(path: Path, ctx: BackendContext) -> Opened:
+        from localserve.models.oneshot import open_oneshot
+
+        opened = open_oneshot(kind, ctx.model_id, path, ctx.options.settings_for(ctx.settings))
+        return Opened(opened.backend, batching=opened.batching, source=opened.source)
+
+    return open_
+
+
+_SPEECH = open_oneshot_builtin(TRANSCRIPTION)
+_EMBED = open_oneshot_builtin(EMBEDDINGS)
+
+BUILTIN_BACKENDS: tuple[BackendSpec, ...] = (
+    BackendSpec(FASTER_WHISPER, TRANSCRIPTION, _SPEECH, is_ct2_whisper, ("faster_whisper", "av"), "speech"),
+    BackendSpec(WHISPER_CPP, TRANSCRIPTION, _SPEECH, is_ggml_whisper_file, ("_pywhispercpp", "av"), "speech"),
+    BackendSpec(
+        OPENVINO, TRANSCRIPTION, _SPEECH, is_openvino_whisper_folder, ("openvino_genai", "av"), "openvino,speech"
+    ),
+    # A sentence-transformers folder: ONNX Runtime when installed, else llama.cpp (models/oneshot_embeddings.py).
+    BackendSpec(AUTO, EMBEDDINGS, _EMBED, is_sentence_transformers, ("llama_cpp",)),
+    BackendSpec(LLAMACPP, EMBEDDINGS, _EMBED, is_embedding_gguf, ("llama_cpp",)),
+    BackendSpec(
+        ONNX, EMBEDDINGS, _EMBED, is_converted_embeddings(".onnx"), ("onnxruntime", "onnx", "tokenizers"), "onnx"
+    ),
+    BackendSpec(OPENVINO, EMBEDDINGS, _EMBED, is_converted_embeddings(".xml"), ("openvino", "tokenizers"), "openvino"),
+    BackendSpec(ONNX, CHAT, open_onnx, is_onnx_decoder, ("onnxruntime", "tokenizers"), "onnx"),
+    BackendSpec(OPENVINO, CHAT, open_openvino, is_openvino_decoder, ("openvino", "tokenizers"), "openvino"),
+    BackendSpec(LLAMACPP, CHAT, open_llamacpp, is_gguf, ("llama_cpp",)),
+)
