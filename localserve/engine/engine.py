@@ -255,6 +255,7 @@ class Engine:
                 "prefix_cache_hit_tokens": snap.num_cached_tokens,
                 "prefix_cache_hit_rate": snap.num_cached_tokens / prompt,
                 "preemptions": snap.num_preemptions,
+                "batch_policy": model.worker.batch_policy.to_dict(),  # issue 23: batch admission by step time
                 "recent_batch_sizes": model.stats.recent_batch_sizes(),
                 "total_prompt_tokens": model.stats.total_prompt_tokens,
                 "total_output_tokens": model.stats.total_output_tokens,

@@ -27,6 +27,15 @@ class StepPlan:
         self.kv_ops: list[KvOp] = []
         self.scheduled: dict[Sequence, int] = {}
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens scheduled so far."""
+        return sum(self.scheduled.values())
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
     def add(self, seq: Sequence, num_new: int) -> None:
         self.scheduled[seq] = num_new
         self.budget -= num_new

@@ -1,5 +1,6 @@
 """The token-level continuous-batching scheduler. Pure and synchronous: it
-never touches a model, it only decides what the next step computes.
+never touches a model and reads no clock while it plans a step, it only
+decides what the next step computes.
 
 Rules (see DESIGN.md, "Scheduler rules"):
 
@@ -9,27 +10,27 @@ Rules (see DESIGN.md, "Scheduler rules"):
   to prompt work earliest-deadline-first: the next chunk of a running
   sequence's prompt and the first chunk of a waiting one compete on equal
   terms, so an interactive prompt is never queued behind a batch prompt that
-  happened to start earlier. A step is never prefill-only by rule, with one
-  exception: `batch` work sits out a step that computes an interactive (or
-  default) prompt, unless aging has already put it ahead of that prompt, so
-  that step, the prompt's time to first token, is as short as when idle.
-  And batch prompts get at most `batch_prompt_tokens` of a step (fewer,
-  `batch_prompt_tokens_busy`, while the model is busy), so the step an
-  interactive arrival has to wait for is never a long batch prefill.
-* Busy: other (non-batch) work runs or waits, or did so in the last
-  `busy_hold_s` seconds. While busy, a step holds at most `batch_seqs_busy`
-  batch sequences (running decodes before new prompts, earliest deadline
-  first): every step's length grows with its batch, and an interactive
-  arrival waits for the step in flight and then shares steps with the batch.
-  The hold keeps steps short between the requests of one chat or agent.
-* Reserved slots: sequences of `batch_priority` or lower priority never hold
-  more than ``max_num_seqs - reserved_slots`` slots, so an interactive or
-  default request finds a free slot at once under a saturating batch load,
-  without preempting (and recomputing) anyone.
+  happened to start earlier. A step is never prefill-only by rule.
+* `batch` work (priority at or past `batch_priority`) takes what other work
+  leaves, decided by measurement (`batch_policy.BatchPolicy`): alone, it
+  uses every slot and the whole budget; beside interactive or default work,
+  it joins a step only while the step's predicted time keeps their
+  inter-token latency within `itl_target` and an arriving prompt's first
+  token within `ttft_target` of idle, and it sits out a step that computes
+  their prompt. The worker feeds each step's measured time in
+  (`observe_step`); the step-time model learns from it.
+* Reserved slots are other work's first claim, not an empty hole: batch
+  sequences hold at most ``max_num_seqs - reserved_slots`` slots while other
+  work runs or waits (or did recently), and all of them while batch work
+  runs alone. An interactive or default request that then finds no free
+  slot takes a lent one back at once, by preempting the youngest batch
+  sequence.
 * Priority is a number, lower is sooner. A request's scheduling key is its
   *virtual deadline* ``arrival + priority * aging_s``; waiting requests are
   served earliest-deadline-first. This is aging: a request's effective
-  priority improves by one level per `aging_s` seconds of waiting.
+  priority improves by one level per `aging_s` seconds of waiting. Batch
+  work whose deadline aging has put before every other request's is no
+  longer held to the batch limits.
 
   **Worst-case wait.** A request R of priority p arriving at t0 is ahead of
   every request that arrives after ``t0 + (p - p_min) * aging_s`` (p_min = 0,
@@ -38,9 +39,10 @@ Rules (see DESIGN.md, "Scheduler rules"):
   before that moment; no stream of higher-priority arrivals starves it.
 * Preemption: a waiting request may take the slot (or the KV room) of a
   running one whose deadline is later by more than
-  ``preempt_margin * aging_s``. Deadlines are fixed, so preemption can never
-  ping-pong between two requests. A preempted sequence keeps its tokens and
-  is recomputed when readmitted, helped by the prefix cache.
+  ``preempt_margin * aging_s`` (or that holds a lent reserved slot, above).
+  Deadlines are fixed, so preemption can never ping-pong between two
+  requests. A preempted sequence keeps its tokens and is recomputed when
+  readmitted, helped by the prefix cache.
 * Prefix cache (`kv_slots.SlotTable`): a free slot keeps the tokens it last
   held. A new sequence takes the free slot sharing its longest prefix, or
   copies the prefix from a running slot, and only computes the rest.
@@ -58,6 +60,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from localserve.engine.batch_policy import BatchPolicy, StepGate
 from localserve.engine.kv_slots import SlotTable, StepPlan
 from localserve.engine.output import OutputText
 from localserve.engine.sequence import SeqStatus, Sequence, Slot
@@ -65,6 +68,7 @@ from localserve.engine.types import (
     Capacity,
     FinishReason,
     GenerateRequest,
+    SchedulerConfig,
     SeqChunk,
     StepBatch,
     StepResult,
@@ -72,30 +76,13 @@ from localserve.engine.types import (
     TokenLogprob,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    aging_s: float = 30.0  # seconds of waiting that gain one priority level
-    preempt_margin: float = 0.5  # priority levels a waiter must lead by to preempt
-    enable_prefix_cache: bool = True
-    batch_priority: float = 2.0  # priorities at or past this are `batch` work, capped by reserved_slots
-    reserved_slots: int | None = None  # slots batch work leaves free; None: max_num_seqs // 8
-    batch_prompt_tokens: int = 128  # prompt tokens of batch work in one step, batch work alone
-    batch_prompt_tokens_busy: int = 8  # ... while busy: short steps for whoever arrives
-    batch_seqs_busy: int | None = None  # batch sequences in one step while busy; None: max_num_seqs // 4
-    busy_hold_s: float = 2.0  # busy lasts this long after the last other request was running or waiting
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerCounters", "reserved_slots"]
 
 
 def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
     if config.reserved_slots is not None:
         return max(0, min(config.reserved_slots, max_num_seqs - 1))
     return max_num_seqs // 8
-
-
-def batch_seqs_busy(config: SchedulerConfig, max_num_seqs: int) -> int:
-    if config.batch_seqs_busy is not None:
-        return max(1, min(config.batch_seqs_busy, max_num_seqs))
-    return max(1, max_num_seqs // 4)
 
 
 @dataclass(slots=True)
@@ -141,8 +128,9 @@ class Scheduler:
         self._step_ids = itertools.count()
         self._released: list[int] = []
         self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
-        self._batch_seqs_busy = batch_seqs_busy(self.config, capacity.max_num_seqs)
-        self._others_seen_at = -math.inf  # when non-batch work last ran or waited
+        self.policy = BatchPolicy(self.config)
+        self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
+        self._limit_after = math.inf  # batch work with a later deadline is limited in this step
 
     # ---- requests in and out -------------------------------------------------
 
@@ -154,7 +142,9 @@ class Scheduler:
             raise ValueError(f"the prompt has {num_prompt} tokens; the context holds {self.capacity.n_ctx}")
         if request.request_id in self._by_request:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        now = self._clock()
+        now = self._now = self._clock()
+        if request.priority < self.config.batch_priority:
+            self.policy.note_arrival(now)
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request_id=request.request_id,
@@ -176,6 +166,7 @@ class Scheduler:
         seq = self._by_request.get(request_id)
         if seq is None:
             return None
+        self._now = self._clock()
         self._finish(seq, FinishReason.ABORT)
         return self._event(seq, (), "")
 
@@ -202,31 +193,34 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         """Choose the next step's KV edits and token chunks."""
         plan = StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
+        others = [s for s in itertools.chain(self._running, self._waiting) if not self._is_batch(s)]
+        alone = self.policy.update_mode(bool(others), self._now)
+        # Batch work that aging has put ahead of every other request is not limited.
+        self._limit_after = math.inf if alone else min((s.deadline for s in others), default=self._now)
         prompt_work: list[Sequence] = []
         batch_decodes: list[Sequence] = []
         for seq in sorted(self._running, key=_decode_first):
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 prompt_work.append(seq)
-            elif seq.priority >= self.config.batch_priority:
+            elif self._limited(seq):
                 batch_decodes.append(seq)
             elif seq.status is SeqStatus.RUNNING:  # may have been preempted meanwhile
                 self._schedule_running(seq, plan)
-        busy = self._busy()
-        seats = self._batch_seqs_busy if busy else self.capacity.max_num_seqs  # batch sequences in this step
-        decode_seats = min(len(batch_decodes), seats)  # running batch decodes go before new batch prompts
-        held = min(decode_seats, plan.budget)  # room kept for the batch decodes
-        plan.budget -= held
-        urgent_deadline = self._schedule_prompt_work(prompt_work, plan, busy=busy, seats=seats - decode_seats)
-        plan.budget += held
-        for seq in batch_decodes:
-            if decode_seats <= 0:
-                break
-            # Batch work sits out a step that computes an interactive prompt
-            # (that step is the prompt's time to first token), unless aging
-            # has already put it ahead of that prompt.
-            if seq.status is SeqStatus.RUNNING and seq.deadline <= urgent_deadline:
-                self._schedule_running(seq, plan)
-                decode_seats -= seq in plan.scheduled
+        others_decoding = any(not self._is_batch(s) for s in plan.scheduled)
+        gate = self.policy.gate(plan.num_tokens, plan.num_seqs, others_decoding=others_decoding)
+        # Running batch decodes go before new batch prompt work: room is kept for
+        # them, unless another request's prompt is due (they would sit out its step).
+        num_kept = 0
+        if not any(not self._is_batch(s) for s in itertools.chain(prompt_work, self._waiting)):
+            num_kept = min(gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes)), plan.budget)
+        plan.budget -= num_kept
+        others_prompting = self._schedule_prompt_work(prompt_work, plan, gate, num_kept)
+        plan.budget += num_kept
+        if not others_prompting:
+            if not num_kept:
+                num_kept = gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes))
+            self._schedule_batch_decodes(batch_decodes, plan, num_kept)
+        self._record_policy_step(plan)
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
@@ -235,10 +229,15 @@ class Scheduler:
             released_seq_ids=released,
         )
 
+    def observe_step(self, batch: StepBatch, seconds: float) -> None:
+        """The measured time of a step that ran (the worker's clock): what
+        the step-time model, and so batch admission, learns from."""
+        self.policy.observe_step(batch.num_tokens, len(batch.chunks), seconds)
+
     def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
         """Apply a step's results: advance computed tokens, append sampled
         tokens, detect stops. Returns one event per sequence that sampled."""
-        now = self._clock()
+        now = self._now = self._clock()
         events: list[TokenEvent] = []
         self._count_step(batch)
         for chunk in batch.chunks:
@@ -284,54 +283,72 @@ class Scheduler:
             return
         plan.add(seq, num_new)
 
-    def _busy(self) -> bool:
-        """Whether non-batch work runs or waits, or did within `busy_hold_s`."""
-        now, bp = self._clock(), self.config.batch_priority
-        if any(s.priority < bp for s in self._running) or any(s.priority < bp for s in self._waiting):
-            self._others_seen_at = now
-            return True
-        return now - self._others_seen_at < self.config.busy_hold_s
+    def _is_batch(self, seq: Sequence) -> bool:
+        return seq.priority >= self.config.batch_priority
 
-    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: StepPlan, *, busy: bool, seats: int) -> float:
+    def _limited(self, seq: Sequence) -> bool:
+        """Batch work held to the batch policy's limits in this step."""
+        return self._is_batch(seq) and seq.deadline > self._limit_after
+
+    def _may_admit(self, seq: Sequence) -> bool:
+        """Reserved slots: batch work takes them only while it runs alone."""
+        if not self._is_batch(seq) or self.policy.alone:
+            return True
+        return self._num_batch_running() < self._max_batch_seqs
+
+    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: StepPlan, gate: StepGate, num_kept: int) -> bool:
         """Prompt chunks of running sequences and admissions of waiting ones,
-        earliest deadline first; batch ones take at most `seats` sequences.
-        Once a non-batch prompt is in the step, batch prompts stay out of it.
-        Returns the earliest deadline of a non-batch prompt in the step
-        (infinity if none)."""
+        earliest deadline first. Limited batch work takes what `gate` leaves
+        beside the `num_kept` batch decodes still to come, and stays out of a
+        step that computes another request's prompt. Returns whether this
+        step computes one."""
         waiting = set(self._waiting)
-        admitting, urgent_deadline = True, math.inf
-        batch_budget = self.config.batch_prompt_tokens_busy if busy else self.config.batch_prompt_tokens
+        admitting, others_prompting = True, False
         for seq in sorted(prompt_work + self._waiting, key=_order):
             if plan.budget <= 0:
                 break
-            is_batch = seq.priority >= self.config.batch_priority
-            if is_batch and (seq.deadline > urgent_deadline or batch_budget <= 0 or seats <= 0):
+            limited = self._limited(seq)
+            if limited and others_prompting:
+                continue  # that step is the other prompt's time to first token
+            if seq in waiting and not self._may_admit(seq):
                 continue
-            if is_batch and seq in waiting and self._num_batch_running() >= self._max_batch_seqs:
-                continue  # the reserved slots stay free for interactive work
-            withheld = max(0, plan.budget - batch_budget) if is_batch else 0
-            plan.budget -= withheld  # batch work: a short step for whoever arrives while it runs
+            room = gate.room(plan.num_tokens + num_kept, plan.num_seqs + num_kept) if limited else plan.budget
+            if room <= 0:
+                continue
+            withheld = max(0, plan.budget - room)
+            plan.budget -= withheld
             if seq not in waiting:
                 if seq.status is SeqStatus.RUNNING:
                     self._schedule_running(seq, plan)
             elif admitting and seq.status is SeqStatus.WAITING:
                 admitting = self._admit(seq, plan)
-            if is_batch:
-                batch_budget -= plan.scheduled.get(seq, 0)
-                seats -= seq in plan.scheduled
-                plan.budget += withheld
-            elif seq in plan.scheduled:
-                urgent_deadline = min(urgent_deadline, seq.deadline)
-        return urgent_deadline
+            plan.budget += withheld
+            others_prompting = others_prompting or (not self._is_batch(seq) and seq in plan.scheduled)
+        return others_prompting
+
+    def _schedule_batch_decodes(self, batch_decodes: list[Sequence], plan: StepPlan, num_seqs: int) -> None:
+        """The first `num_seqs` limited batch decodes, earliest deadline first."""
+        for seq in batch_decodes:
+            if num_seqs <= 0:
+                break
+            if seq.status is SeqStatus.RUNNING:
+                self._schedule_running(seq, plan)
+                num_seqs -= seq in plan.scheduled
+
+    def _record_policy_step(self, plan: StepPlan) -> None:
+        num_batch = sum(1 for s in itertools.chain(self._running, self._waiting) if self._is_batch(s))
+        in_step = sum(1 for s in plan.scheduled if self._is_batch(s))
+        lent = max(0, self._num_batch_running() - self._max_batch_seqs)
+        self.policy.record_step(in_step, num_batch - in_step, lent)
 
     def _num_batch_running(self) -> int:
-        return sum(1 for s in self._running if s.priority >= self.config.batch_priority)
+        return sum(1 for s in self._running if self._is_batch(s))
 
     def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
         """Give a waiting sequence a slot and its first chunk. False: stop admitting."""
         slot = self._slots.pick(seq)
         if slot is None:
-            victim = self._victim(seq)
+            victim = self._lent_slot_holder(seq) or self._victim(seq)
             if victim is None:
                 return False
             self._preempt(victim, plan, keep_cache=True)
@@ -339,6 +356,8 @@ class Scheduler:
             assert slot is not None
         num_reused = self._slots.reuse_prefix(seq, slot, self._running, plan)
         num_new = min(seq.num_tokens - num_reused, plan.budget)
+        if not self._is_batch(seq) and seq.num_preemptions == 0:
+            self.policy.note_prompt(min(seq.num_tokens - num_reused, self.capacity.max_num_batched_tokens))
         # Room for all its tokens, not just this chunk: a sequence admitted
         # without it is preempted again before its prompt is done (thrashing).
         while not self._make_kv_room(seq.num_tokens - num_reused, plan, protect=None, keep=slot):
@@ -372,6 +391,14 @@ class Scheduler:
             self._preempt(max(victims, key=_order), plan, keep_cache=False)
         return True
 
+    def _lent_slot_holder(self, waiting: Sequence) -> Sequence | None:
+        """The youngest batch sequence, if batch work holds a reserved slot
+        that `waiting` (other work) takes back."""
+        if self._is_batch(waiting) or self._num_batch_running() <= self._max_batch_seqs:
+            return None
+        self.policy.num_slots_returned += 1
+        return max((s for s in self._running if self._is_batch(s)), key=_order)
+
     def _victim(self, waiting: Sequence) -> Sequence | None:
         """The running sequence `waiting` may preempt, if any."""
         if not self._running:
@@ -383,7 +410,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, plan: StepPlan, *, keep_cache: bool) -> None:
         slot = self._slots[seq.slot]
         plan.remove(seq)
-        SlotTable.free(slot, self._clock())
+        SlotTable.free(slot, self._now)
         if not keep_cache:
             self._slots.clear(slot, plan)
         self._running.remove(seq)
@@ -431,7 +458,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
-            SlotTable.free(self._slots[seq.slot], self._clock())
+            SlotTable.free(self._slots[seq.slot], self._now)
             self._running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self._waiting.remove(seq)

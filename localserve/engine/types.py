@@ -129,6 +129,26 @@ class Capacity:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Settings of one model's scheduler (see `scheduler` and `batch_policy`)."""
+
+    aging_s: float = 30.0  # seconds of waiting that gain one priority level
+    preempt_margin: float = 0.5  # priority levels a waiter must lead by to preempt
+    enable_prefix_cache: bool = True
+    batch_priority: float = 2.0  # priorities at or past this are `batch` work
+    reserved_slots: int | None = None  # slots that are interactive work's first claim; None: max_num_seqs // 8
+    # Batch work beside interactive work: a shared step may take at most
+    itl_target: float = 1.2  # x the predicted step of the interactive work alone (its inter-token latency)
+    ttft_target: float = 1.5  # ... and keep an arriving prompt's first token within this x its step alone
+    # Batch work runs alone (all slots, the whole budget) once no other work has
+    # run or waited for `quiet_gaps` mean gaps between other requests' arrivals,
+    # at most `max_quiet_s` seconds (a gap longer than that is not a stream).
+    quiet_gaps: float = 3.0
+    max_quiet_s: float = 30.0
+    step_memory: int = 500  # steps the step-time model learns from (exponential forgetting)
+
+
+@dataclass(frozen=True, slots=True)
 class SeqChunk:
     """Tokens of one sequence fed in one step, at positions start_pos.. ."""
 

@@ -66,6 +66,7 @@ class StepWorker:
         )
         self.stats = stats or ModelStats()
         self.snapshot = SchedulerSnapshot()
+        self.batch_policy = self.scheduler.policy.snapshot()  # what batch admission did, for stats
         self.fault_hook: Callable[[StepBatch], None] | None = None  # tests: raise inside a step
         self._dispatch = dispatch
         self._loop = loop
@@ -161,6 +162,7 @@ class StepWorker:
             self.stats.num_errors += len(events)
         else:
             events = self.scheduler.update(batch, result)
+            self.scheduler.observe_step(batch, time.monotonic() - started)  # the step-time model learns
         counters = self.scheduler.counters
         self.stats.record_step(
             num_prefill=sum(len(c.token_ids) for c in batch.chunks if not c.sample or len(c.token_ids) > 1),
@@ -220,6 +222,7 @@ class StepWorker:
             num_prompt_tokens=counters.num_prefill_tokens + counters.num_cached_tokens,
             num_preemptions=counters.num_preemptions,
         )
+        self.batch_policy = self.scheduler.policy.snapshot()
 
 
 def _error_event(request_id: str, message: str, num_prompt: int, base: TokenEvent | None = None) -> TokenEvent:

@@ -4,7 +4,10 @@ The backend keeps a simulated KV cache per slot and samples every token from
 what that slot holds, as a real model would: if the scheduler's KV edits or
 positions were wrong, a request's tokens would differ from a run of it alone.
 The driver runs the step loop of DESIGN.md on a fake clock and checks, after
-every step, that the scheduler's view of the KV cache is the backend's.
+every step, that the scheduler's view of the KV cache is the backend's. Each
+step takes `step_s` seconds, or with a `step_cost` the time that function
+gives for its tokens and sequences, and the scheduler is told so, as the
+worker tells it the measured time of a real step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ EOS = 999
 VOCAB = 500  # the default script samples below this, so never EOS
 
 NextToken = Callable[[tuple[int, ...]], int]
+StepCost = Callable[[int, int], float]  # (tokens, sequences) -> seconds
+
+
+def linear_cost(fixed_s: float, per_token_s: float, per_seq_s: float) -> StepCost:
+    """A step that costs `fixed_s` plus `per_token_s` a token plus `per_seq_s` a sequence."""
+    return lambda num_tokens, num_seqs: fixed_s + per_token_s * num_tokens + per_seq_s * num_seqs
 
 
 def token_bytes(token_id: int) -> bytes:
@@ -166,9 +175,11 @@ class Driver:
         config: SchedulerConfig | None = None,
         next_token: NextToken = hashed_next_token,
         step_s: float = 1.0,
+        step_cost: StepCost | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.step_s = step_s
+        self.step_cost = step_cost
         self.backend = ScriptedBackend(capacity, next_token)
         self.scheduler = Scheduler(
             capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock
@@ -193,7 +204,9 @@ class Driver:
     def step(self) -> StepBatch:
         batch = self.scheduler.schedule()
         result = self.backend.execute(batch)
-        self.clock.advance(self.step_s)
+        seconds = self.step_s if self.step_cost is None else self.step_cost(batch.num_tokens, len(batch.chunks))
+        self.clock.advance(seconds)
+        self.scheduler.observe_step(batch, seconds)
         for event in self.scheduler.update(batch, result):
             self._record(event)
         self._check_kv_agrees()

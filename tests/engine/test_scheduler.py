@@ -11,11 +11,22 @@ import math
 
 import pytest
 
+from localserve.engine.batch_policy import BatchPolicy
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.sequence import SeqStatus
-from localserve.engine.types import FinishReason, KvOp
+from localserve.engine.types import FinishReason, KvOp, StepBatch
 
-from .scripted import EOS, Driver, hashed_next_token, make_capacity, prompt, run_alone, scripted_outputs
+from .scripted import (
+    EOS,
+    Driver,
+    StepCost,
+    hashed_next_token,
+    linear_cost,
+    make_capacity,
+    prompt,
+    run_alone,
+    scripted_outputs,
+)
 
 # ---- budget, decode first, chunked prefill, slots ----------------------------
 
@@ -97,63 +108,134 @@ def test_lower_priority_number_is_admitted_first():
     assert driver.scheduler.counters.num_preemptions == 0
 
 
-def test_batch_work_leaves_the_reserved_slots_free_for_interactive_work():
-    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=SchedulerConfig(reserved_slots=2))
-    for i in range(10):
-        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=50)
-    for _ in range(3):
-        assert len(driver.step().chunks) == 6  # 8 slots, 2 held back from batch work
-    driver.add("chat", prompt(5000, 4), priority=0.0, max_tokens=3)
-    batch = driver.step()
-    assert driver.chunk(batch, "chat") is not None  # admitted at once ...
-    assert driver.scheduler.counters.num_preemptions == 0  # ... without preempting anyone
-    driver.run()
-    assert driver.records["chat"].token_ids == run_alone(prompt(5000, 4), max_tokens=3)
-    assert all(driver.records[f"b{i}"].last.num_output_tokens == 50 for i in range(10))
+# ---- batch work: alone, shared, admitted by predicted step time ---------------
+
+# A CPU-like step: 20 ms fixed, 0.5 ms a token, 1.5 ms a sequence (a decode adds 2 ms).
+CPU = linear_cost(0.020, 0.0005, 0.0015)
+# A GPU-like step: the same fixed cost; tokens and sequences almost free.
+GPU = linear_cost(0.020, 0.00001, 0.00001)
 
 
-def test_batch_work_sits_out_the_step_of_an_interactive_prompt():
-    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=SchedulerConfig(reserved_slots=2))
-    for i in range(4):
-        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=30)
-    driver.step()
-    driver.add("late", prompt(900, 20), priority=2.0, max_tokens=3)  # a batch prompt that also waits
+def batch_driver(cost: StepCost, num_batch: int, max_tokens: int = 100, **config: float) -> Driver:
+    """8 slots (one reserved), `num_batch` batch requests of 4-token prompts, running alone."""
+    capacity = make_capacity(max_num_seqs=8, max_num_batched_tokens=64, kv_tokens=8 * 512, n_ctx=512)
+    driver = Driver(capacity, config=SchedulerConfig(reserved_slots=1, **config), step_cost=cost)  # type: ignore[arg-type]
+    for i in range(num_batch):
+        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=max_tokens)
+    return driver
+
+
+def batch_in(driver: Driver, batch: StepBatch) -> set[str]:
+    """Request ids of the batch sequences (b*) a step computes."""
+    in_step = {c.seq_id for c in batch.chunks}
+    return {r for r, seq_id in driver.seq_ids.items() if r.startswith("b") and seq_id in in_step}
+
+
+def test_batch_work_alone_takes_the_reserved_slot_and_gives_it_back_at_once():
+    driver = batch_driver(CPU, num_batch=9)
+    for _ in range(5):
+        assert len(driver.step().chunks) == 8  # every slot, the reserved one too
+    assert driver.scheduler.policy.snapshot().lent_slots == 1
     driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
     batch = driver.step()
-    assert [c.seq_id for c in batch.chunks] == [driver.seq_ids["chat"]]  # only the interactive prompt
-    batch = driver.step()
-    ids = {driver.seq_ids[r] for r in ("chat", "b0", "b1")}
-    assert {c.seq_id for c in batch.chunks} == ids  # then the chat decode beside 8 // 4 batch decodes
+    assert [c.seq_id for c in batch.chunks] == [driver.seq_ids["chat"]]  # at once, and its prompt's step alone
+    assert "b7" not in driver.running_request_ids()  # the youngest batch sequence gave the slot back
+    assert driver.scheduler.counters.num_preemptions == driver.scheduler.policy.num_slots_returned == 1
+    assert driver.scheduler.policy.snapshot().lent_slots == 0
     driver.run()
     assert driver.records["chat"].token_ids == run_alone(prompt(5000, 10), max_tokens=3)
-    assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=30) for i in range(4))
+    # b7 resumed from its tokens, unchanged
+    assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=100) for i in range(9))
 
 
-def test_while_busy_a_step_holds_few_batch_sequences_and_widens_after_the_hold():
-    config = SchedulerConfig(reserved_slots=1, batch_seqs_busy=2, busy_hold_s=3.0)
-    driver = Driver(make_capacity(max_num_seqs=8, max_num_batched_tokens=64), config=config)
-    for i in range(9):
-        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=40)
-    for _ in range(3):
-        assert len(driver.step().chunks) == 7  # alone: every batch slot in each step
-    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
-    assert len(driver.step().chunks) == 1  # the chat prompt, alone
-    for _ in range(2):  # the chat decodes beside the two earliest batch sequences
+def test_beside_interactive_decodes_batch_decodes_fill_the_inter_token_target():
+    driver = batch_driver(CPU, num_batch=8)
+    for _ in range(5):
+        driver.step()
+    driver.add("late", prompt(900, 20), priority=2.0, max_tokens=3)  # a batch prompt that also waits
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=12)
+    assert [c.seq_id for c in driver.step().chunks] == [driver.seq_ids["chat"]]
+    for _ in range(10):
         batch = driver.step()
-        assert {c.seq_id for c in batch.chunks} == {driver.seq_ids[r] for r in ("chat", "b0", "b1")}
-    assert driver.records["chat"].finished
-    widths = [len(driver.step().chunks) for _ in range(4)]
-    assert widths == [2, 2, 7, 7]  # held narrow for 3 s after the chat request, then wide again
+        # The chat decode alone: 22 ms; within 1.2x that, 26.4 ms, two batch decodes of 2 ms fit.
+        assert driver.chunk(batch, "chat") is not None and batch_in(driver, batch) == {"b0", "b1"}
+        assert CPU(batch.num_tokens, len(batch.chunks)) <= 1.2 * CPU(1, 1)
+    assert driver.scheduler.policy.snapshot().batch_held_back == 7  # b2..b6 running, b7 and "late" waiting
     driver.run()
-    assert all(driver.records[f"b{i}"].token_ids == run_alone(prompt(100 * i, 4), max_tokens=40) for i in range(9))
-    assert driver.scheduler.counters.num_preemptions == 0
+    assert driver.records["chat"].token_ids == run_alone(prompt(5000, 10), max_tokens=12)
+    assert driver.records["late"].token_ids == run_alone(prompt(900, 20), max_tokens=3)
 
 
-def test_default_batch_seqs_while_busy_are_a_quarter_of_the_slots():
-    from localserve.engine.scheduler import batch_seqs_busy
+def test_where_a_sequence_costs_almost_nothing_batch_work_stays_wide():
+    driver = batch_driver(GPU, num_batch=7)
+    for _ in range(5):
+        driver.step()
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=12)
+    driver.step()  # the chat prompt's step, alone
+    for _ in range(10):
+        batch = driver.step()
+        assert driver.chunk(batch, "chat") is not None and len(batch_in(driver, batch)) == 7
+        assert GPU(batch.num_tokens, len(batch.chunks)) <= 1.2 * GPU(1, 1)
 
-    assert [batch_seqs_busy(SchedulerConfig(), n) for n in (1, 4, 8, 16)] == [1, 1, 2, 4]
-    assert batch_seqs_busy(SchedulerConfig(batch_seqs_busy=0), 8) == 1  # batch work always moves
+
+def test_batch_prompt_chunks_share_a_step_only_up_to_the_target():
+    driver = batch_driver(CPU, num_batch=2)
+    driver.run()  # the step-time model has seen steps of one and two sequences
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=30)
+    driver.step()
+    driver.add("b-long", prompt(1000, 40), priority=2.0, max_tokens=2)
+    sizes = []
+    while not driver.records["b-long"].events:  # its prompt, chunk by chunk
+        batch = driver.step()
+        assert driver.chunk(batch, "chat") is not None
+        assert CPU(batch.num_tokens, len(batch.chunks)) <= 1.2 * CPU(1, 1) + 1e-9
+        sizes.append(len(driver.chunk(batch, "b-long").token_ids))
+    # Beside the chat decode (22 ms), a chunk of n tokens adds 1.5 + 0.5 n ms: n = 5 keeps 26.4 ms.
+    assert sizes == [5] * 8
+    driver.run()
+    assert driver.records["b-long"].token_ids == run_alone(prompt(1000, 40), max_tokens=2)
+
+
+def test_batch_work_alone_takes_the_whole_budget_for_its_prompts():
+    driver = batch_driver(CPU, num_batch=0)
+    driver.add("b-long", prompt(0, 100), priority=2.0, max_tokens=2)
+    driver.add("b-other", prompt(500, 30), priority=2.0, max_tokens=2)
+    batch = driver.step()
+    assert batch.num_tokens == 64 and len(driver.chunk(batch, "b-long").token_ids) == 64
+    batch = driver.step()
+    assert batch.num_tokens == 64  # the rest of b-long (36), then b-other's first 28
+
+
+def test_after_other_work_batch_work_stays_shared_for_a_while_then_widens():
+    driver = batch_driver(CPU, num_batch=8, max_tokens=300, max_quiet_s=1.0)
+    for _ in range(5):
+        driver.step()
+    driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
+    while not driver.records["chat"].finished:
+        driver.step()
+    chat_done = driver.clock.now
+    widths: list[tuple[float, int]] = []
+    while driver.clock.now < chat_done + 2.0:
+        scheduled_at = driver.clock.now
+        widths.append((scheduled_at - chat_done, len(batch_in(driver, driver.step()))))
+    # Shared: an interactive request arriving mid-step waits for it, so a batch step
+    # is kept within half its prompt's step alone (10 tokens: 26.5 ms) past the
+    # fixed 20 ms: six decodes of 2 ms. One arrival, so quiet after max_quiet_s.
+    assert {n for t, n in widths if t < 1.0 - 0.05} == {6}
+    assert {n for t, n in widths if t > 1.0 + 0.05} == {8}  # alone: every slot again
+
+
+def test_a_steady_stream_of_arrivals_keeps_batch_work_shared_for_three_gaps():
+    policy = BatchPolicy(SchedulerConfig(quiet_gaps=3.0, max_quiet_s=30.0))
+    assert policy.quiet_s() == 30.0  # one request is not a stream yet
+    for t in (0.0, 1.0, 2.0, 3.0):
+        policy.note_arrival(t)
+    assert policy.quiet_s() == pytest.approx(3.0)
+    assert not policy.update_mode(others_present=True, now=10.0)
+    assert not policy.update_mode(others_present=False, now=12.9)
+    assert policy.update_mode(others_present=False, now=13.0)
+    policy.note_arrival(3600.0)  # a long pause: the mean gap grows, by at most max_quiet_s a gap
+    assert 3.0 < policy.quiet_s() < 30.0
 
 
 def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
@@ -165,37 +247,6 @@ def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
     driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=3)
     batch = driver.step()
     assert driver.chunk(batch, "old") is not None and driver.chunk(batch, "chat") is not None
-
-
-def test_batch_prompts_take_short_chunks_so_an_arrival_waits_little():
-    config = SchedulerConfig(reserved_slots=1, batch_prompt_tokens=16, batch_prompt_tokens_busy=4)
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
-    driver.add("batch", prompt(0, 40), priority=2.0, max_tokens=2)
-    driver.add("other", prompt(500, 30), priority=2.0, max_tokens=2)
-    batches = [driver.step() for _ in range(4)]
-    sizes = [sum(len(c.token_ids) for c in b.chunks if not driver.is_decode(c)) for b in batches]
-    assert sizes == [16, 16, 16, 16]  # never the whole 64-token budget for batch prompts
-    driver.add("default", prompt(900, 40), priority=1.0, max_tokens=2)
-    batch = driver.step()
-    assert len(driver.chunk(batch, "default").token_ids) == 40  # other work keeps the full budget ...
-    assert sum(len(c.token_ids) for c in batch.chunks if not driver.is_decode(c)) == 40  # (its step: alone)
-    batch = driver.step()
-    assert sum(len(c.token_ids) for c in batch.chunks if not driver.is_decode(c)) == 4  # ... batch gets less
-    driver.run()
-    assert driver.records["batch"].token_ids == run_alone(prompt(0, 40), max_tokens=2)
-
-
-def test_a_batch_request_held_back_by_the_reservation_takes_no_budget_from_others():
-    config = SchedulerConfig(reserved_slots=1, aging_s=10.0, batch_prompt_tokens_busy=4)
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
-    for i in range(4):  # 3 run (the cap), the 4th waits, with the earliest deadline of the waiters
-        driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=40)
-    for _ in range(15):
-        driver.step()
-    driver.add("default", prompt(900, 20), priority=1.0, max_tokens=2)  # deadline later than b3's
-    batch = driver.step()
-    assert driver.chunk(batch, "b3") is None
-    assert len(driver.chunk(batch, "default").token_ids) == 20  # its whole prompt, not the batch chunk size
 
 
 def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
