@@ -1,11 +1,20 @@
 """The dynamic micro-batcher for one-shot models (embeddings, speech recognition).
 
 Callers `await batcher.submit(items)` on the event loop. One thread per model
-collects waiting items until the oldest has waited `max_wait_ms` or a
-dispatch is full (`max_batch_size` items, `max_batch_tokens` of work), takes
-them in priority order (with aging, so nobody starves), groups them by key and
-length, and calls `backend.run` once per group. Each caller gets its own
-outputs back in its own order; a group that fails fails only its callers.
+runs dispatches one after another, continuous batching for one-shot work:
+
+* an item that finds the model idle leaves at once, alone if it is alone
+  (batching never makes an unloaded server slower);
+* items that arrive while a dispatch runs wait for it, and then leave
+  together in the next dispatch, up to `max_batch_size` items and
+  `max_batch_tokens` of work, taken in priority order with aging (so nobody
+  starves); the rest go in the dispatch after.
+
+A dispatch is split by group key and, for a padded backend, by length (so
+padding stays small), and `backend.run` is called once per group. Each
+caller gets its own outputs back in its own order; a group that fails fails
+only its callers. `max_wait_ms` (default 0) optionally lets an idle model
+wait that long for company before a dispatch that is not full.
 """
 
 from __future__ import annotations
@@ -16,11 +25,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from localserve.backends.base import OneShotBackend
+from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
 from localserve.engine.batcher_stats import BatcherStats
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
@@ -37,7 +47,11 @@ class BatcherConfig:
 
     max_batch_size: int = 32  # items per dispatch
     max_batch_tokens: int = 16384  # summed item sizes per dispatch (tokens, audio frames)
-    max_wait_ms: float = 5.0  # how long the oldest waiting item waits for company
+    # An idle model dispatches at once; set this > 0 only where one bigger batch
+    # is worth a delay (a GPU with a high fixed cost per call): then an item
+    # that finds the model idle waits up to this long for company. Items that
+    # arrived during a dispatch never wait longer than that dispatch.
+    max_wait_ms: float = 0.0
     max_queue: int = 256  # waiting requests before QueueFullError (503)
     group_by_length: bool = True  # sort by size and split so padding stays small
     max_padding: float = 0.25  # a length group closes before its padding passes this share
@@ -66,46 +80,29 @@ class _Entry(Generic[ItemT]):
     priority: float
     arrival: float
     order: int  # FIFO tie-break
-
-
-def plan_groups(sizes: Sequence[int], *, by_length: bool, padding_free: bool, max_padding: float) -> list[list[int]]:
-    """Split one dispatch (item sizes, in dispatch order) into run() groups of
-    indices. Without length grouping, or for a padding-free backend, the
-    dispatch is one group; else items are sorted by size and a group closes
-    before adding an item would push its padding past `max_padding`."""
-    order = sorted(range(len(sizes)), key=lambda i: sizes[i]) if by_length else list(range(len(sizes)))
-    if not by_length or padding_free:
-        return [order] if order else []
-    groups: list[list[int]] = []
-    current: list[int] = []
-    real = 0
-    for i in order:
-        size = sizes[i]  # the largest so far: sizes ascend
-        padding = (len(current) + 1) * size - (real + size)
-        if current and padding > max_padding * (real + size):
-            groups.append(current)
-            current, real = [], 0
-        current.append(i)
-        real += size
-    if current:
-        groups.append(current)
-    return groups
-
-
-def padding_of(sizes: Sequence[int]) -> int:
-    """Slots a padded backend adds to run these sizes as one rectangle."""
-    return len(sizes) * max(sizes) - sum(sizes) if sizes else 0
+    through_dispatch: bool  # it waited while a dispatch ran: it leaves in the next one, with no extra wait
 
 
 class Batcher(Generic[ItemT, OutputT]):
     """Dynamic batching in front of one `OneShotBackend`, on its own thread."""
 
-    def __init__(self, name: str, backend: OneShotBackend[ItemT, OutputT], config: BatcherConfig | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: OneShotBackend[ItemT, OutputT],
+        config: BatcherConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.backend = backend
         self.config = config or BatcherConfig()
+        self._clock = clock  # arrivals, aging and the optional wait (tests pass a fake one)
+        info = backend.info()
+        self._backend_name, self._device = info.backend, info.device
         self._cond = threading.Condition()
         self._pending: list[_Entry[ItemT]] = []
+        self._busy = False  # a dispatch is running (set and cleared by the thread, under the lock)
         self._num_waiting_requests = 0
         self._num_in_flight = 0
         self._order = itertools.count()
@@ -126,8 +123,8 @@ class Batcher(Generic[ItemT, OutputT]):
         request: _Request[OutputT] = _Request(loop, loop.create_future(), [None] * len(items), len(items), len(items))
         sizes = [max(1, int(self.backend.item_size(item))) for item in items]
         keys = [self.backend.group_key(item) for item in items]
-        now = time.monotonic()
         with self._cond:
+            now = self._clock()
             if self._stopping or not self._thread.is_alive():
                 raise EngineStoppedError(f"model {self.name!r} is not running (shut down or crashed); reload it")
             if self._num_waiting_requests >= self.config.max_queue:
@@ -138,7 +135,9 @@ class Batcher(Generic[ItemT, OutputT]):
                     retry_after_s=1,
                 )
             for index, item in enumerate(items):
-                entry = _Entry(request, index, item, sizes[index], keys[index], priority, now, next(self._order))
+                entry = _Entry(
+                    request, index, item, sizes[index], keys[index], priority, now, next(self._order), self._busy
+                )
                 self._pending.append(entry)
             self._num_waiting_requests += 1
             self._num_in_flight += 1
@@ -173,7 +172,11 @@ class Batcher(Generic[ItemT, OutputT]):
                 dispatch = self._collect()
                 if dispatch is None:
                     break
-                self._dispatch(dispatch)
+                try:
+                    self._dispatch(dispatch)
+                finally:
+                    with self._cond:
+                        self._busy = False
         except BaseException as exc:  # never leave callers hanging
             log.exception("batcher %s crashed", self.name)
             self._fail_pending(EngineStoppedError(f"model {self.name!r} stopped: {exc}"))
@@ -181,8 +184,8 @@ class Batcher(Generic[ItemT, OutputT]):
         self._fail_pending(EngineStoppedError(f"model {self.name!r} is shutting down"))
 
     def _collect(self) -> list[_Entry[ItemT]] | None:
-        """Wait for work, then for company, then take one dispatch in priority order."""
-        cfg = self.config
+        """Wait for work, then take one dispatch in priority order: at once,
+        unless the optional `max_wait_ms` lets an idle model wait for company."""
         with self._cond:
             while True:
                 self._drop_cancelled()
@@ -191,35 +194,37 @@ class Batcher(Generic[ItemT, OutputT]):
                 if not self._pending:
                     self._cond.wait()
                     continue
-                deadline = min(e.arrival for e in self._pending) + cfg.max_wait_ms / 1000.0
-                remaining = deadline - time.monotonic()
-                full = (
-                    len(self._pending) >= cfg.max_batch_size
-                    or sum(e.size for e in self._pending) >= cfg.max_batch_tokens
-                )
-                if full or remaining <= 0:
+                remaining = self._wait_left()
+                if remaining <= 0:
+                    self._busy = True
                     return self._take()
                 self._cond.wait(remaining)
 
+    def _wait_left(self) -> float:
+        """Seconds the pending items still wait for company (0: dispatch now).
+        Only with `max_wait_ms` > 0, and only while nothing pending has already
+        waited through a dispatch and the next dispatch is not full."""
+        cfg = self.config
+        if cfg.max_wait_ms <= 0 or any(e.through_dispatch for e in self._pending):
+            return 0.0
+        if len(self._pending) >= cfg.max_batch_size or sum(e.size for e in self._pending) >= cfg.max_batch_tokens:
+            return 0.0
+        oldest = min(e.arrival for e in self._pending)
+        return oldest + cfg.max_wait_ms / 1000.0 - self._clock()
+
     def _take(self) -> list[_Entry[ItemT]]:
-        now = time.monotonic()
-        aging = self.config.aging_s
-
-        def rank(entry: _Entry[ItemT]) -> tuple[float, int]:
-            waited = now - entry.arrival
-            return (entry.priority - (waited / aging if aging > 0 else 0.0), entry.order)
-
-        chosen: list[_Entry[ItemT]] = []
-        num_tokens = 0
-        for entry in sorted(self._pending, key=rank):
-            if len(chosen) >= self.config.max_batch_size:
-                break
-            if chosen and num_tokens + entry.size > self.config.max_batch_tokens:
-                continue  # a smaller item may still fit
-            chosen.append(entry)
-            num_tokens += entry.size
+        cfg = self.config
+        chosen = choose_dispatch(
+            self._pending,
+            self._clock(),
+            max_batch_size=cfg.max_batch_size,
+            max_batch_tokens=cfg.max_batch_tokens,
+            aging_s=cfg.aging_s,
+        )
         taken = {id(e) for e in chosen}
         self._pending = [e for e in self._pending if id(e) not in taken]
+        for entry in self._pending:  # what did not fit waits through this dispatch
+            entry.through_dispatch = True
         for entry in chosen:
             entry.request.num_undispatched -= 1
             if entry.request.num_undispatched == 0:
@@ -302,9 +307,12 @@ class Batcher(Generic[ItemT, OutputT]):
                 "queue_items": len(self._pending),
                 "queue_requests": self._num_waiting_requests,
                 "in_flight": self._num_in_flight,
+                "dispatching": self._busy,
             }
         cfg = self.config
         return {
+            "backend": self._backend_name,
+            "device": self._device,
             **queue,
             **self._stats.snapshot(recent_s),
             "padding_free": self.backend.padding_free,

@@ -1,40 +1,52 @@
-"""The one-shot micro-batcher against a recording fake backend."""
+"""The one-shot micro-batcher against a recording fake backend.
+
+Batching decisions are checked by state and order, not by wall-clock
+thresholds: the model is held busy with a gate, and the batcher's clock
+(arrivals, aging, the optional wait) is a fake one the tests move.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import pytest
 
 from localserve.backends.base import BackendInfo, OneShotBackend
-from localserve.engine.batcher import Batcher, BatcherConfig, padding_of, plan_groups
+from localserve.engine.batcher import Batcher, BatcherConfig
+from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
 from localserve.errors import BackendError, EngineStoppedError, QueueFullError
+
+# A batcher that waited on its (frozen) clock would hang a test: fail it soon instead.
+pytestmark = pytest.mark.timeout(20)
 
 
 class FakeBackend(OneShotBackend[str, str]):
     """Upper-cases items; size is the item's length; key is its first
-    character when `keyed`. Records every run; can be held or made to fail."""
+    character when `keyed`. Records every run; can be held (`gate`, or one
+    run per `permits.release()`) or made to fail."""
 
-    def __init__(self, *, padding_free: bool = False, keyed: bool = False, delay_s: float = 0.0) -> None:
+    def __init__(self, *, padding_free: bool = False, keyed: bool = False, stepped: bool = False) -> None:
         self.padding_free = padding_free
         self.keyed = keyed
-        self.delay_s = delay_s
         self.runs: list[list[str]] = []
         self.threads: set[str] = set()
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        self.started: queue.SimpleQueue[list[str]] = queue.SimpleQueue()  # each run's items, as it starts
+        self.permits = threading.Semaphore(0) if stepped else None
 
     def run(self, items: Sequence[str]) -> list[str]:
         self.entered.set()
+        self.started.put(list(items))
+        if self.permits is not None:
+            self.permits.acquire(timeout=10)
         self.gate.wait(10)
         self.threads.add(threading.current_thread().name)
         self.runs.append(list(items))
-        if self.delay_s:
-            time.sleep(self.delay_s)
         if any("boom" in item for item in items):
             raise RuntimeError("the model exploded")
         return [item.upper() for item in items]
@@ -49,12 +61,46 @@ class FakeBackend(OneShotBackend[str, str]):
         return BackendInfo(backend="fake", device="CPU", model_path="")
 
 
-def make(backend: FakeBackend, **config: float | int | bool) -> Batcher[str, str]:
-    return Batcher("fake", backend, BatcherConfig(**config))  # type: ignore[arg-type]
+class FakeClock:
+    """The batcher's clock, frozen until a test moves it: any decision that
+    waited on it would never be taken."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make(backend: FakeBackend, clock: FakeClock | None = None, **config: float | int | bool) -> Batcher[str, str]:
+    return Batcher("fake", backend, BatcherConfig(**config), clock=clock or FakeClock())  # type: ignore[arg-type]
 
 
 async def close(batcher: Batcher[str, str]) -> None:
     await asyncio.to_thread(batcher.close, 10)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Let the event loop run until `condition()` holds (fails after `timeout`)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def hold_busy(backend: FakeBackend, batcher: Batcher[str, str], size: int = 1) -> asyncio.Task[list[str]]:
+    """Start a dispatch of `size` "block" items and keep it running until `backend.gate.set()`."""
+    backend.gate.clear()
+    blocker = asyncio.create_task(batcher.submit(["block"] * size))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    assert batcher.stats()["dispatching"]
+    return blocker
+
+
+async def started_run(backend: FakeBackend) -> list[str]:
+    return await asyncio.to_thread(backend.started.get, True, 5)
 
 
 # ---- grouping (pure) -----------------------------------------------------------------
@@ -79,67 +125,147 @@ def test_plan_groups_without_length_grouping_or_padding_is_one_group():
     assert plan_groups([], by_length=True, padding_free=False, max_padding=0.25) == []
 
 
-# ---- batching --------------------------------------------------------------------------
+# ---- batching: at once when idle, together while busy ------------------------------------
+
+
+async def test_an_item_finding_the_model_idle_is_dispatched_at_once():
+    backend = FakeBackend()
+    batcher = make(backend)  # the clock never moves: a wait for company would never end
+    assert BatcherConfig().max_wait_ms == 0
+    assert await asyncio.wait_for(batcher.submit(["solo"]), 5) == ["SOLO"]
+    assert await asyncio.wait_for(batcher.submit(["again", "two"]), 5) == ["AGAIN", "TWO"]
+    assert backend.runs == [["solo"], ["two", "again"]]  # each alone: nothing else was waiting
+    assert batcher.stats()["dispatches"] == 2
+    await close(batcher)
+
+
+async def test_items_arriving_during_a_dispatch_leave_together_in_the_next_one():
+    backend = FakeBackend(padding_free=True)
+    batcher = make(backend, max_batch_size=64)
+    blocker = await hold_busy(backend, batcher)
+    waiting = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(5)]
+    waiting.append(asyncio.create_task(batcher.submit(["pair-a", "pair-b"])))
+    await until(lambda: batcher.stats()["queue_items"] == 7)
+    assert len(backend.runs) == 0  # nothing left while the model was busy
+    backend.gate.set()
+    assert await blocker == ["BLOCK"]
+    outputs = await asyncio.gather(*waiting)
+    assert outputs == [[f"ITEM{i}"] for i in range(5)] + [["PAIR-A", "PAIR-B"]]
+    assert backend.runs[0] == ["block"]
+    assert sorted(backend.runs[1]) == sorted([f"item{i}" for i in range(5)] + ["pair-a", "pair-b"])
+    assert len(backend.runs) == 2
+    stats = batcher.stats()
+    assert stats["dispatches"] == 2 and stats["max_batch_size_seen"] == 7 and not stats["dispatching"]
+    await close(batcher)
+
+
+async def test_what_does_not_fit_goes_in_the_dispatch_after_without_waiting():
+    backend = FakeBackend(padding_free=True)
+    batcher = make(backend, max_batch_size=3, max_wait_ms=60_000)  # a long optional wait, on a frozen clock
+    blocker = await hold_busy(backend, batcher, size=3)  # a full dispatch: it leaves without the wait
+    waiting = [asyncio.create_task(batcher.submit([f"i{i}"])) for i in range(7)]
+    await until(lambda: batcher.stats()["queue_items"] == 7)
+    backend.gate.set()
+    outputs = await asyncio.wait_for(asyncio.gather(blocker, *waiting), 5)
+    assert [o[0] for o in outputs[1:]] == [f"I{i}" for i in range(7)]
+    assert backend.runs == [["block"] * 3, ["i0", "i1", "i2"], ["i3", "i4", "i5"], ["i6"]]  # FIFO, 3 at most
+    await close(batcher)
+
+
+async def test_the_optional_max_wait_holds_an_idle_model_for_company():
+    backend = FakeBackend(padding_free=True)
+    clock = FakeClock()
+    batcher = make(backend, clock, max_wait_ms=50, max_batch_size=64)
+    first = asyncio.create_task(batcher.submit(["aa"]))
+    await until(lambda: batcher.stats()["queue_items"] == 1)
+    await asyncio.sleep(0.2)  # real time passes, the batcher's clock does not
+    assert backend.runs == [] and batcher.stats()["queue_items"] == 1
+    second = asyncio.create_task(batcher.submit(["bb"]))
+    await until(lambda: batcher.stats()["queue_items"] == 2)
+    clock.advance(0.05)
+    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [["AA"], ["BB"]]
+    assert backend.runs == [["aa", "bb"]]
+    await close(batcher)
+
+
+async def test_a_full_dispatch_leaves_without_the_optional_wait():
+    backend = FakeBackend(padding_free=True)
+    batcher = make(backend, max_wait_ms=60_000, max_batch_size=3)  # frozen clock: only fullness lets it go
+    outputs = await asyncio.wait_for(asyncio.gather(*(batcher.submit([f"i{i}"]) for i in range(3))), 5)
+    assert [o[0] for o in outputs] == ["I0", "I1", "I2"]
+    assert backend.runs == [["i0", "i1", "i2"]]
+    await close(batcher)
 
 
 async def test_each_caller_gets_its_own_outputs_in_its_own_order():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=20)
+    batcher = make(backend)
+    blocker = await hold_busy(backend, batcher)
     inputs = [[f"r{r}-{i}" + "x" * ((r * 7 + i * 3) % 9) for i in range(r % 4 + 1)] for r in range(12)]
-    outputs = await asyncio.gather(*(batcher.submit(items) for items in inputs))
+    tasks = [asyncio.create_task(batcher.submit(items)) for items in inputs]
+    await until(lambda: batcher.stats()["queue_requests"] == 12)
+    backend.gate.set()
+    outputs = await asyncio.gather(*tasks)
     assert outputs == [[item.upper() for item in items] for items in inputs]
-    assert max(len(run) for run in backend.runs) > 1  # they were batched together
+    assert len(backend.runs) == 2 and len(backend.runs[1]) == sum(map(len, inputs))  # all in one run
+    await blocker
     await close(batcher)
 
 
 async def test_concurrent_requests_are_batched_up_to_max_batch_size():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=50, max_batch_size=4)
-    outputs = await asyncio.gather(*(batcher.submit([f"item{i}"]) for i in range(10)))
+    batcher = make(backend, max_batch_size=4)
+    blocker = await hold_busy(backend, batcher)
+    tasks = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(10)]
+    await until(lambda: batcher.stats()["queue_items"] == 10)
+    backend.gate.set()
+    outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [f"ITEM{i}" for i in range(10)]
-    assert max(len(run) for run in backend.runs) == 4
-    assert all(len(run) <= 4 for run in backend.runs)
+    assert [len(run) for run in backend.runs] == [1, 4, 4, 2]
+    await blocker
     stats = batcher.stats()
-    assert stats["items"] == 10 and stats["max_batch_size_seen"] == 4 and stats["mean_batch_size"] > 1
-    await close(batcher)
-
-
-async def test_a_lone_request_leaves_after_max_wait():
-    backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=30, max_batch_size=64)
-    started = time.monotonic()
-    assert await batcher.submit(["solo"]) == ["SOLO"]
-    elapsed = time.monotonic() - started
-    assert 0.025 <= elapsed < 1.0
-    await close(batcher)
-
-
-async def test_a_full_dispatch_leaves_without_waiting():
-    backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=5000, max_batch_size=3)
-    started = time.monotonic()
-    await asyncio.gather(*(batcher.submit([f"i{i}"]) for i in range(3)))
-    assert time.monotonic() - started < 2.0
+    assert stats["items"] == 11 and stats["max_batch_size_seen"] == 4 and stats["mean_batch_size"] > 1
     await close(batcher)
 
 
 async def test_max_batch_tokens_bounds_the_work_of_a_dispatch():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=50, max_batch_size=100, max_batch_tokens=20)
+    batcher = make(backend, max_batch_size=100, max_batch_tokens=20)
+    blocker = await hold_busy(backend, batcher)
     items = ["a" * 8, "b" * 8, "c" * 8, "d" * 8, "e" * 30]
-    outputs = await asyncio.gather(*(batcher.submit([item]) for item in items))
+    tasks = [asyncio.create_task(batcher.submit([item])) for item in items]
+    await until(lambda: batcher.stats()["queue_items"] == 5)
+    backend.gate.set()
+    outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [item.upper() for item in items]
-    for run in backend.runs:
-        assert sum(map(len, run)) <= 20 or len(run) == 1  # an oversized item goes alone
+    assert backend.runs[1:] == [["a" * 8, "b" * 8], ["c" * 8, "d" * 8], ["e" * 30]]  # an oversized item goes alone
+    await blocker
     await close(batcher)
 
 
 async def test_runs_on_the_batcher_thread_never_on_the_event_loop():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1)
+    batcher = make(backend)
     await batcher.submit(["x"])
     assert backend.threads == {"batch-fake"}
     await close(batcher)
+
+
+def test_choose_dispatch_ranks_by_aged_priority_then_arrival():
+    from types import SimpleNamespace as Item
+
+    waiting = [
+        Item(priority=2.0, arrival=0.0, order=0, size=5),  # old and low
+        Item(priority=0.0, arrival=9.0, order=1, size=5),  # fresh and high
+        Item(priority=1.0, arrival=9.0, order=2, size=50),
+        Item(priority=1.0, arrival=9.0, order=3, size=5),
+    ]
+    pick = choose_dispatch(waiting, 10.0, max_batch_size=3, max_batch_tokens=20, aging_s=5.0)
+    assert [w.order for w in pick] == [1, 0, 3]  # 0 aged to 0.0 (ties go to the earlier), 2 is too big
+    no_aging = choose_dispatch(waiting, 10.0, max_batch_size=2, max_batch_tokens=100, aging_s=0.0)
+    assert [w.order for w in no_aging] == [1, 2]
+    alone = choose_dispatch(waiting[2:3], 10.0, max_batch_size=3, max_batch_tokens=20, aging_s=1.0)
+    assert [w.order for w in alone] == [2]  # bigger than max_batch_tokens: it goes alone
 
 
 # ---- priority ----------------------------------------------------------------------------
@@ -147,14 +273,12 @@ async def test_runs_on_the_batcher_thread_never_on_the_event_loop():
 
 async def test_higher_priority_goes_first():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1, max_batch_size=1)
-    backend.gate.clear()
-    blocker = asyncio.create_task(batcher.submit(["block"]))
-    await asyncio.to_thread(backend.entered.wait, 5)
+    batcher = make(backend, max_batch_size=1)
+    blocker = await hold_busy(backend, batcher)
     low = [asyncio.create_task(batcher.submit([f"low{i}"], priority=2.0)) for i in range(3)]
-    await asyncio.sleep(0.02)
+    await until(lambda: batcher.stats()["queue_items"] == 3)
     high = asyncio.create_task(batcher.submit(["high"], priority=0.0))
-    await asyncio.sleep(0.02)
+    await until(lambda: batcher.stats()["queue_items"] == 4)
     backend.gate.set()
     await asyncio.gather(blocker, high, *low)
     order = [run[0] for run in backend.runs]
@@ -165,21 +289,64 @@ async def test_higher_priority_goes_first():
 
 async def test_waiting_ages_so_low_priority_is_not_starved():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1, max_batch_size=1, aging_s=0.05)
-    backend.gate.clear()
-    blocker = asyncio.create_task(batcher.submit(["block"]))
-    await asyncio.to_thread(backend.entered.wait, 5)
+    clock = FakeClock()
+    batcher = make(backend, clock, max_batch_size=1, aging_s=0.05)
+    blocker = await hold_busy(backend, batcher)
     old = asyncio.create_task(batcher.submit(["old"], priority=2.0))
-    await asyncio.sleep(0.3)  # 6 aging periods: now better than a fresh 0
+    await until(lambda: batcher.stats()["queue_items"] == 1)
+    clock.advance(0.3)  # 6 aging periods: now better than a fresh 0
     fresh = asyncio.create_task(batcher.submit(["fresh"], priority=0.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher.stats()["queue_items"] == 2)
     backend.gate.set()
     await asyncio.gather(blocker, old, fresh)
     assert [run[0] for run in backend.runs] == ["block", "old", "fresh"]
     await close(batcher)
 
 
+@pytest.mark.parametrize("aging_s", [1.0, 0.0])
+async def test_a_flood_of_higher_priority_cannot_starve_a_low_one(aging_s: float):
+    """Two fresh priority-0 items arrive during every dispatch of two; a
+    priority-2 item that waits still leaves within a bounded number of
+    dispatches (priority gap / aging + 1), and only aging makes it so."""
+    backend = FakeBackend(padding_free=True, stepped=True)
+    clock = FakeClock()
+    batcher = make(backend, clock, max_batch_size=2, aging_s=aging_s)
+    tasks = [asyncio.create_task(batcher.submit(["b0"], priority=0.0))]
+    assert await started_run(backend) == ["b0"]
+    tasks.append(asyncio.create_task(batcher.submit(["low"], priority=2.0)))
+    runs = []
+    for k in range(1, 9):
+        tasks += [asyncio.create_task(batcher.submit([f"h{k}{x}"], priority=0.0)) for x in "ab"]
+        await until(lambda k=k: batcher.stats()["requests"] == 2 + 2 * k)
+        clock.advance(1.0)
+        backend.permits.release()  # type: ignore[union-attr]
+        runs.append(await started_run(backend))
+        if "low" in runs[-1]:
+            break
+    if aging_s:
+        assert runs == [["h1a", "h1b"], ["h2a", "h2b"], ["low", "h3a"]]
+    else:
+        assert all("low" not in run for run in runs) and len(runs) == 8
+    for _ in range(len(tasks)):
+        backend.permits.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    await close(batcher)
+
+
 # ---- grouping ------------------------------------------------------------------------------
+
+
+async def submit_while_busy(
+    backend: FakeBackend, batcher: Batcher[str, str], requests: list[list[str]]
+) -> list[list[str] | BaseException]:
+    """Submit `requests` while the model is busy, so they share the next dispatch."""
+    blocker = await hold_busy(backend, batcher)
+    tasks = [asyncio.create_task(batcher.submit(items)) for items in requests]
+    await until(lambda: batcher.stats()["queue_requests"] == len(requests))
+    backend.gate.set()
+    await blocker
+    backend.runs.remove(["block"])
+    return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_length_grouping_lowers_the_padding_ratio():
@@ -187,18 +354,19 @@ async def test_length_grouping_lowers_the_padding_ratio():
     ratios = {}
     for by_length in (True, False):
         backend = FakeBackend()
-        batcher = make(backend, max_wait_ms=50, max_batch_size=16, group_by_length=by_length)
-        outputs = await asyncio.gather(*(batcher.submit(["z" * n]) for n in sizes))
-        assert [len(o[0]) for o in outputs] == sizes
-        ratios[by_length] = batcher.stats()["padding_ratio"]
+        batcher = make(backend, max_batch_size=16, group_by_length=by_length)
+        outputs = await submit_while_busy(backend, batcher, [["z" * n] for n in sizes])
+        assert [len(o[0]) for o in outputs] == sizes  # type: ignore[index]
+        stats = batcher.stats()
+        ratios[by_length] = stats["padded_size"] / (stats["real_size"] - len("block"))  # "block" ran alone
         await close(batcher)
     assert ratios[True] < 0.25 < ratios[False]
 
 
 async def test_padding_free_backends_report_no_padding_and_get_one_run():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=50, max_batch_size=8)
-    await asyncio.gather(*(batcher.submit(["z" * n]) for n in (3, 40, 4, 38)))
+    batcher = make(backend, max_batch_size=8)
+    await submit_while_busy(backend, batcher, [["z" * n] for n in (3, 40, 4, 38)])
     assert len(backend.runs) == 1
     assert [len(i) for i in backend.runs[0]] == [3, 4, 38, 40]  # still sorted by length
     assert batcher.stats()["padding_ratio"] == 0.0
@@ -207,10 +375,10 @@ async def test_padding_free_backends_report_no_padding_and_get_one_run():
 
 async def test_items_with_different_keys_never_share_a_run():
     backend = FakeBackend(padding_free=True, keyed=True)
-    batcher = make(backend, max_wait_ms=50)
+    batcher = make(backend)
     items = ["apple", "banana", "avocado", "blueberry", "cherry"]
-    outputs = await asyncio.gather(*(batcher.submit([item]) for item in items))
-    assert [o[0] for o in outputs] == [i.upper() for i in items]
+    outputs = await submit_while_busy(backend, batcher, [[item] for item in items])
+    assert [o[0] for o in outputs] == [i.upper() for i in items]  # type: ignore[index]
     for run in backend.runs:
         assert len({item[0] for item in run}) == 1
     assert sorted(map(len, backend.runs)) == [1, 2, 2]
@@ -222,13 +390,9 @@ async def test_items_with_different_keys_never_share_a_run():
 
 async def test_a_failing_batch_fails_only_its_callers():
     backend = FakeBackend(padding_free=True, keyed=True)
-    batcher = make(backend, max_wait_ms=50)
-    results = await asyncio.gather(
-        batcher.submit(["x-boom", "x-two"]),
-        batcher.submit(["x-three"]),
-        batcher.submit(["y-fine"]),
-        batcher.submit(["z-fine", "z-too"]),
-        return_exceptions=True,
+    batcher = make(backend)
+    results = await submit_while_busy(
+        backend, batcher, [["x-boom", "x-two"], ["x-three"], ["y-fine"], ["z-fine", "z-too"]]
     )
     assert isinstance(results[0], BackendError) and "exploded" in results[0].message
     assert isinstance(results[1], BackendError)  # shared the failing run
@@ -241,12 +405,10 @@ async def test_a_failing_batch_fails_only_its_callers():
 
 async def test_a_full_queue_is_a_503_with_retry_after():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1, max_batch_size=1, max_queue=2)
-    backend.gate.clear()
-    running = asyncio.create_task(batcher.submit(["run"]))
-    await asyncio.to_thread(backend.entered.wait, 5)
+    batcher = make(backend, max_batch_size=1, max_queue=2)
+    running = await hold_busy(backend, batcher)
     waiting = [asyncio.create_task(batcher.submit([f"w{i}"])) for i in range(2)]
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher.stats()["queue_requests"] == 2)
     with pytest.raises(QueueFullError) as info:
         await batcher.submit(["one too many"])
     assert info.value.status == 503 and info.value.retry_after_s >= 1 and "limit 2" in info.value.message
@@ -258,15 +420,13 @@ async def test_a_full_queue_is_a_503_with_retry_after():
 
 async def test_a_cancelled_caller_s_items_are_dropped():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1, max_batch_size=1)
-    backend.gate.clear()
-    running = asyncio.create_task(batcher.submit(["run"]))
-    await asyncio.to_thread(backend.entered.wait, 5)
+    batcher = make(backend, max_batch_size=1)
+    running = await hold_busy(backend, batcher)
     gone = asyncio.create_task(batcher.submit(["gone1", "gone2"]))
     stays = asyncio.create_task(batcher.submit(["stays"]))
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher.stats()["queue_requests"] == 2)
     gone.cancel()
-    await asyncio.sleep(0.01)
+    await until(gone.done)
     backend.gate.set()
     assert await stays == ["STAYS"]
     await running
@@ -277,17 +437,15 @@ async def test_a_cancelled_caller_s_items_are_dropped():
 
 async def test_closing_fails_waiting_callers_and_refuses_new_ones():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=1, max_batch_size=1)
-    backend.gate.clear()
-    running = asyncio.create_task(batcher.submit(["run"]))
-    await asyncio.to_thread(backend.entered.wait, 5)
+    batcher = make(backend, max_batch_size=1)
+    running = await hold_busy(backend, batcher)
     waiting = asyncio.create_task(batcher.submit(["waits"]))
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher.stats()["queue_requests"] == 1)
     closing = asyncio.create_task(asyncio.to_thread(batcher.close, 10))
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher._stopping)  # close() has begun: what waits now is not dispatched
     backend.gate.set()
     await closing
-    assert await running == ["RUN"]  # the running group finishes
+    assert await running == ["BLOCK"]  # the running group finishes
     with pytest.raises(EngineStoppedError):
         await waiting
     with pytest.raises(EngineStoppedError):
@@ -297,10 +455,13 @@ async def test_closing_fails_waiting_callers_and_refuses_new_ones():
 
 async def test_stats_has_what_the_dashboard_reads():
     backend = FakeBackend()
-    batcher = make(backend, max_wait_ms=10)
+    batcher = make(backend)
     await asyncio.gather(batcher.submit(["aa", "a"]), batcher.submit(["aaaa"]))
     stats = batcher.stats()
     for key in (
+        "backend",
+        "device",
+        "dispatching",
         "queue_items",
         "queue_requests",
         "in_flight",
@@ -320,4 +481,5 @@ async def test_stats_has_what_the_dashboard_reads():
     ):
         assert key in stats, key
     assert stats["requests"] == 2 and stats["items"] == 3 and stats["in_flight"] == 0
+    assert (stats["backend"], stats["device"], stats["max_wait_ms"]) == ("fake", "CPU", 0.0)
     await close(batcher)
