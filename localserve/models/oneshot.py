@@ -27,9 +27,11 @@ EMBEDDING_ARCHS = frozenset(
 )
 
 #: Batching defaults per kind: many short texts; a few 30 s audio windows.
+#: No `max_wait_ms`: an idle model answers at once, and what arrives while it
+#: is busy leaves together in its next dispatch (engine/batcher.py).
 BATCHING = {
-    EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096, max_wait_ms=5.0),
-    TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000, max_wait_ms=10.0),
+    EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
+    TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
 }
 
 
@@ -86,30 +88,17 @@ def gguf_architecture(path: Path) -> str | None:
 class OneShotOpened:
     backend: OneShotBackend  # type: ignore[type-arg]
     batching: BatcherConfig
-    source: Path  # what was loaded (the converted GGUF for a sentence-transformers folder)
+    source: Path  # what was loaded (the converted graph or GGUF for a sentence-transformers folder)
 
 
 def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings) -> OneShotOpened:
     """Open a one-shot backend (blocking: converts on first use, loads weights)."""
     batching = BatcherConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
-    if kind == EMBEDDINGS:
-        from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+    if kind == EMBEDDINGS:  # ONNX Runtime, llama.cpp or OpenVINO (see oneshot_embeddings.py)
+        from localserve.models.oneshot_embeddings import open_embeddings
 
-        if path.suffix.lower() == ".onnx":
-            from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
-
-            onnx_config = OnnxEmbeddingConfig(str(path), device=settings.device, n_threads=settings.threads)
-            return OneShotOpened(OnnxEmbeddingBackend(onnx_config), batching, path)
-        if path.suffix.lower() == ".xml" or (path.is_dir() and catalog_backend(model_id) == "openvino"):
-            ov_backend, ir_path = _open_openvino_embeddings(model_id, path, settings)
-            return OneShotOpened(ov_backend, batching, ir_path)
-        gguf_path = path
-        if path.is_dir():
-            from localserve.models.convert import cached_gguf
-
-            gguf_path = cached_gguf(path, model_id, progress=_log_progress(model_id))
-        config = LlamaEmbeddingConfig(str(gguf_path), n_threads=settings.threads, device=settings.device)
-        return OneShotOpened(LlamaEmbeddingBackend(config), batching, gguf_path)
+        embeddings_backend, loaded_path = open_embeddings(model_id, path, settings)
+        return OneShotOpened(embeddings_backend, batching, loaded_path)
     if kind == TRANSCRIPTION:  # faster-whisper, whisper.cpp or OpenVINO (see oneshot_speech.py)
         from localserve.models.oneshot_speech import open_speech
 
@@ -127,29 +116,17 @@ def catalog_backend(model_id: str) -> str:
     return entry.backend if entry is not None else ""
 
 
-def _open_openvino_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
-    """An OpenVINO embeddings backend and the IR it loaded (a folder is
-    converted to IR on first use, without torch)."""
-    from localserve.backends.openvino_embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
-
-    if path.is_dir():
-        from localserve.models.convert_openvino import cached_openvino_embeddings
-
-        path = cached_openvino_embeddings(path, model_id)
-    config = OpenVinoEmbeddingConfig(str(path), device=settings.device, n_threads=settings.threads)
-    return OpenVinoEmbeddingBackend(config), path
-
-
-def _log_progress(model_id: str):  # type: ignore[no-untyped-def]
+def log_progress(model_id: str, target: str = "GGUF"):  # type: ignore[no-untyped-def]
+    """A progress callback that logs a conversion every quarter."""
     last = [-1]
 
     def progress(stage: str, done: int, total: int) -> None:
         quarter = 4 * done // max(1, total)
         if stage == "done":
-            log.info("converted %s to GGUF (%d tensors)", model_id, total)
+            log.info("converted %s to %s", model_id, target)
         elif quarter != last[0]:
             last[0] = quarter
-            log.info("converting %s to GGUF: %d%% (%s)", model_id, 100 * done // max(1, total), stage)
+            log.info("converting %s to %s: %d%% (%s)", model_id, target, 100 * done // max(1, total), stage)
 
     return progress
 

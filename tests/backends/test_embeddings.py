@@ -2,7 +2,9 @@
 
 The converted model is checked against a plain-numpy BERT forward pass over
 the original safetensors weights, and its tokenizer against the model's own
-`tokenizer.json`: the conversion is exact, not merely plausible.
+`tokenizer.json`: the conversion is exact, not merely plausible. The default
+id runs on the faster backend (ONNX Runtime), and on llama.cpp where
+onnxruntime is not installed.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,14 +220,15 @@ def test_a_batch_equals_one_by_one(backend: LlamaEmbeddingBackend) -> None:
 
 
 async def test_the_batcher_packs_concurrent_requests_into_one_forward_pass(backend: LlamaEmbeddingBackend) -> None:
-    batcher = Batcher("minilm", backend, BatcherConfig(max_wait_ms=20, max_batch_size=64))
+    batcher = Batcher("minilm", backend, BatcherConfig(max_batch_size=64))
     texts = sentences(24)
     alone = [backend.run([backend.tokenize(t)])[0] for t in texts]
     together = await asyncio.gather(*(batcher.submit([backend.tokenize(t)]) for t in texts))
     for one, many in zip(alone, together, strict=True):
         assert cosine(one, many[0]) > 0.999
     stats = batcher.stats()
-    assert stats["max_batch_size_seen"] > 1 and stats["padding_ratio"] == 0.0
+    assert stats["max_batch_size_seen"] > 1 and stats["padding_ratio"] == 0.0  # what came during a run went together
+    assert stats["backend"] == "llamacpp"
     await asyncio.to_thread(batcher.close)
 
 
@@ -298,14 +302,82 @@ async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: Onnx
     texts = sentences(48)
     ratios = {}
     for by_length in (False, True):
-        batcher = Batcher(
-            "onnx", onnx_backend, BatcherConfig(max_wait_ms=30, max_batch_size=48, group_by_length=by_length)
-        )
+        batcher = Batcher("onnx", onnx_backend, BatcherConfig(max_batch_size=48, group_by_length=by_length))
         results = await asyncio.gather(*(batcher.submit([onnx_backend.tokenize(t)]) for t in texts))
         assert len(results) == 48
         ratios[by_length] = batcher.stats()["padding_ratio"]
         await asyncio.to_thread(batcher.close)
     assert ratios[True] < 0.3 and ratios[True] < ratios[False] / 2
+
+
+# ---- the default backend: the faster one installed ---------------------------------------------
+
+
+def open_default(model_id: str, source: Path):  # type: ignore[no-untyped-def]
+    from localserve.config import ServerSettings
+    from localserve.models.oneshot import EMBEDDINGS, open_oneshot
+
+    return open_oneshot(EMBEDDINGS, model_id, source, ServerSettings(threads=1))
+
+
+def test_the_default_id_runs_on_onnx_runtime_and_embeds_like_the_gguf_path(
+    source: Path, store: Path, backend: LlamaEmbeddingBackend
+) -> None:
+    from localserve.models.oneshot_embeddings import listed_backend
+
+    assert listed_backend("auto", source) == "auto: onnx"
+    opened = open_default("all-minilm-l6-v2", source)
+    try:
+        assert opened.backend.info().backend == "onnxruntime" and opened.source.suffix == ".onnx"
+        assert opened.batching.max_wait_ms == 0
+        items = [backend.tokenize(t) for t in TEXTS[:4] + sentences(8)]
+        for onnx_vector, gguf_vector in zip(opened.backend.run(items), backend.run(items), strict=True):
+            assert cosine(onnx_vector, gguf_vector) > 0.99
+        batcher = Batcher("all-minilm-l6-v2", opened.backend, opened.batching)
+        assert batcher.stats()["backend"] == "onnxruntime"  # what /api/v1/stats shows under one_shot
+        batcher.close(10)
+    finally:
+        opened.backend.close()
+
+
+def test_without_onnxruntime_the_default_id_falls_back_to_llama_cpp(
+    source: Path, store: Path, backend: LlamaEmbeddingBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localserve.errors import LocalServeError
+    from localserve.models.oneshot_embeddings import choose_embeddings_backend, listed_backend
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    assert listed_backend("auto", source) == "auto: llamacpp"
+    assert choose_embeddings_backend(source, "auto").reason == "auto: onnxruntime not installed"
+    opened = open_default("all-minilm-l6-v2", source)
+    try:
+        assert opened.backend.info().backend == "llamacpp" and opened.source.suffix == ".gguf"
+        items = [backend.tokenize(t) for t in TEXTS[:3]]
+        for fallback, gguf in zip(opened.backend.run(items), backend.run(items), strict=True):
+            assert cosine(fallback, gguf) > 0.9999
+    finally:
+        opened.backend.close()
+    with pytest.raises(LocalServeError, match=r"not installed here .*pip install 'localserve\[onnx\]'"):
+        open_default("all-minilm-l6-v2-onnx", source)  # asked for by name: a clear error, no fallback
+
+
+def test_the_explicit_ids_name_their_backend(source: Path, tmp_path: Path) -> None:
+    from localserve.models.oneshot import catalog_backend
+    from localserve.models.oneshot_embeddings import EmbeddingsChoice, choose_embeddings_backend
+
+    for model_id, expected in (
+        ("all-minilm-l6-v2-gguf", "llamacpp"),
+        ("all-minilm-l6-v2-onnx", "onnx"),
+        ("all-minilm-l6-v2-openvino", "openvino"),
+    ):
+        assert choose_embeddings_backend(source, catalog_backend(model_id)).backend == expected, model_id
+    assert catalog_backend("all-minilm-l6-v2") == "auto"
+    assert choose_embeddings_backend(source, "").backend == "onnx"  # an id the catalog does not know: auto
+    for name, expected in (("m.onnx", "onnx"), ("m.gguf", "llamacpp"), ("m.xml", "openvino")):
+        (tmp_path / name).write_bytes(b"")  # a converted file is served by its format's backend
+        assert choose_embeddings_backend(tmp_path / name, "onnx" if expected != "onnx" else "llamacpp") == (
+            EmbeddingsChoice(expected, "file format")
+        )
 
 
 def test_the_convert_command_shows_progress_and_prints_the_path(

@@ -1,0 +1,161 @@
+"""Which backend serves an embeddings model, and opening it.
+
+A sentence-transformers BERT folder runs on any of three backends, each from
+a one-time conversion cached in the model store (no torch):
+
+* `onnx` - ONNX Runtime, on a graph built from the safetensors (`convert_onnx`);
+* `llamacpp` - llama.cpp, on a converted GGUF (`convert`);
+* `openvino` - OpenVINO, on an IR (`convert_openvino`).
+
+A catalog entry names one of them, or `auto`: the first of `AUTO_PREFERENCE`
+that is installed. ONNX Runtime comes first because it served
+all-MiniLM-L6-v2 at about twice the items/s of llama.cpp's GGUF path on CPU,
+at 1 and at 32 clients (`bench/oneshot_bench.py`); llama.cpp is always
+installed, so `auto` falls back to it where onnxruntime (or `onnx`, which
+builds the graph the first time) is missing, or where a GPU is asked for
+and onnxruntime has none. A folder served under an id the catalog does not
+know is `auto` too. A path that already is a GGUF, an `.onnx` graph or an
+OpenVINO `.xml` is served by that backend. The backend registry
+(models/builtin_backends.py) opens every built-in embeddings backend,
+`auto` included, through `open_embeddings`; `localserve list` shows what
+`auto` picks here (`listed_backend`), `/api/v1/stats` what was loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from localserve.backends.base import OneShotBackend
+from localserve.config import ServerSettings
+from localserve.errors import DeviceNotFoundError, LocalServeError
+
+log = logging.getLogger(__name__)
+
+ONNX, LLAMACPP, OPENVINO, AUTO = "onnx", "llamacpp", "openvino", "auto"
+EMBEDDINGS_BACKENDS = (ONNX, LLAMACPP, OPENVINO)
+#: What `auto` tries, fastest first (measured; see the module docstring).
+AUTO_PREFERENCE = (ONNX, LLAMACPP)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsChoice:
+    """The backend for one model, and why (for logs, `localserve list`)."""
+
+    backend: str  # onnx | llamacpp | openvino
+    reason: str  # "catalog", "file format", or what `auto` saw
+
+    @property
+    def auto(self) -> bool:
+        return self.reason.startswith(AUTO)
+
+
+def missing_for_onnx(path: Path | None = None) -> str:
+    """What ONNX Runtime embeddings lack here ("" when nothing): onnxruntime
+    and tokenizers to run, and `onnx` to build the graph unless `path` is one."""
+    needed = ["onnxruntime", "tokenizers"]
+    if path is None or path.suffix.lower() != ".onnx":
+        needed.append("onnx")
+    missing = [name for name in needed if not _importable(name)]
+    return " and ".join(missing) + " not installed" if missing else ""
+
+
+def choose_embeddings_backend(path: Path | None, declared: str) -> EmbeddingsChoice:
+    """The backend for `path` (None: not on this machine yet): by its format,
+    else the catalog's `declared` backend, else (`auto`, "" or unknown) the
+    first installed backend of `AUTO_PREFERENCE`."""
+    if path is not None and path.is_file():
+        suffix = path.suffix.lower()
+        backend = {".onnx": ONNX, ".xml": OPENVINO}.get(suffix, LLAMACPP)
+        return EmbeddingsChoice(backend, "file format")
+    if declared in EMBEDDINGS_BACKENDS:
+        return EmbeddingsChoice(declared, "catalog")
+    missing = missing_for_onnx()
+    if not missing:
+        return EmbeddingsChoice(ONNX, f"{AUTO}: the fastest installed")
+    return EmbeddingsChoice(LLAMACPP, f"{AUTO}: {missing}")
+
+
+def listed_backend(declared: str, path: Path | None) -> str:
+    """The backend `localserve list` shows for an embeddings model: the one
+    it would load on here, `auto: onnx` when `auto` chose it."""
+    choice = choose_embeddings_backend(path, declared)
+    return f"{AUTO}: {choice.backend}" if choice.auto else choice.backend
+
+
+def open_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    """The backend and what it loaded (blocking: converts on first use)."""
+    from localserve.models.oneshot import catalog_backend
+
+    choice = choose_embeddings_backend(path, catalog_backend(model_id))
+    log.info("%s: embeddings on %s (%s)", model_id, choice.backend, choice.reason)
+    if choice.backend == OPENVINO:
+        return _open_openvino(model_id, path, settings)
+    if choice.backend == ONNX:
+        try:
+            return _open_onnx(model_id, path, settings)
+        except (ImportError, DeviceNotFoundError) as exc:
+            if not choice.auto:
+                if isinstance(exc, DeviceNotFoundError):
+                    raise
+                raise LocalServeError(
+                    f"model {model_id!r} runs on ONNX Runtime, which is not installed here ({exc}): "
+                    f"install it with `{onnx_install_hint()}`, or serve the GGUF variant on llama.cpp"
+                ) from exc
+            log.warning("%s: ONNX Runtime cannot serve it (%s); using llama.cpp", model_id, exc)
+    return _open_llamacpp(model_id, path, settings)
+
+
+def onnx_install_hint() -> str:
+    """How to install ONNX Runtime embeddings: the backend registry's extra."""
+    from localserve.models.backend_registry import EMBEDDINGS, named
+
+    return named(ONNX, EMBEDDINGS).missing() or "pip install onnxruntime onnx tokenizers"
+
+
+def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
+
+    missing = missing_for_onnx(path)
+    if missing:  # before a conversion that would need `onnx`
+        raise ModuleNotFoundError(missing)
+    if path.is_dir():
+        from localserve.models.convert_onnx import cached_onnx
+        from localserve.models.oneshot import log_progress
+
+        path = cached_onnx(path, model_id, progress=log_progress(model_id, "ONNX"))
+    config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
+    return OnnxEmbeddingBackend(config), path
+
+
+def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+
+    if path.is_dir():
+        from localserve.models.convert import cached_gguf
+        from localserve.models.oneshot import log_progress
+
+        path = cached_gguf(path, model_id, progress=log_progress(model_id))
+    config = LlamaEmbeddingConfig(str(path), n_threads=settings.threads, device=settings.device or "auto")
+    return LlamaEmbeddingBackend(config), path
+
+
+def _open_openvino(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
+    """OpenVINO embeddings (a folder is converted to IR on first use, without torch)."""
+    from localserve.backends.openvino_embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
+
+    if path.is_dir():
+        from localserve.models.convert_openvino import cached_openvino_embeddings
+
+        path = cached_openvino_embeddings(path, model_id)
+    config = OpenVinoEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
+    return OpenVinoEmbeddingBackend(config), path
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
