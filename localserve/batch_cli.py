@@ -105,7 +105,7 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, settings: Any) -> int:
     import functools
 
-    from localserve.api.batch_service import local_model
+    from localserve.api.batch_lines import local_model
     from localserve.jobs.offline import BatchFileError, run_file
     from localserve.jobs.progress import Progress
 

@@ -8,9 +8,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localserve.config import ServerSettings
+
+if TYPE_CHECKING:
+    from localserve.serving.answer import Answer
 
 
 def add_run_command(subparsers: Any) -> None:
@@ -70,21 +73,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
     from localserve import cli
     from localserve.engine.engine import Engine
-    from localserve.engine.types import GenerateRequest, SamplingParams
+    from localserve.engine.types import SamplingParams
     from localserve.models.registry import ModelManager, resolve
+    from localserve.serving.completions import start_text
+    from localserve.serving.models import LocalModels
+    from localserve.serving.types import Options, TextRequest
 
     spec = resolve(args.model)
     engine = Engine()
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    request = TextRequest(
+        spec.model_id, prompt, Options(sampling=sampling, max_tokens=args.max_tokens), system=args.system, raw=args.raw
+    )
     try:
-        loaded = await ModelManager(engine, settings).load(spec)
-        tokenizer = engine.tokenizer(spec.model_id)
-        text = prompt if args.raw else render_chat(tokenizer, prompt, args.system)
-        # A template that writes the BOS token itself must not get a second one.
-        add_special = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
-        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        request_id = engine.new_request_id("run")
-        request = GenerateRequest(request_id, tokenizer.encode(text, add_special=add_special), sampling)
-        stats = await _stream_to_stdout(engine.submit(spec.model_id, request))
+        manager = ModelManager(engine, settings)
+        loaded = await manager.load(spec)
+        async with LocalModels(manager).call() as host:
+            answer = await start_text(host, request, answer_id=engine.new_request_id("run"))
+            stats = await _stream_to_stdout(answer)
     finally:
         await engine.close()
     if stats.error:
@@ -116,28 +122,23 @@ class RunStats:
         )
 
 
-async def _stream_to_stdout(stream: Any) -> RunStats:
+async def _stream_to_stdout(answer: Answer) -> RunStats:
+    from localserve.serving.types import ChoiceEnd, TextDelta
+
     stats = RunStats(started=time.monotonic())
-    async for event in stream:
-        if event.token_ids and not stats.first_token_at:
-            stats.first_token_at = time.monotonic()
-        if event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        if event.finished:
-            stats.num_prompt_tokens = event.num_prompt_tokens
-            stats.num_output_tokens = event.num_output_tokens
-            stats.finish_reason = event.finish_reason.value
-            stats.error = event.error
+    async with answer:
+        async for delta in answer.deltas():
+            if isinstance(delta, TextDelta) and delta.text:
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+            elif isinstance(delta, ChoiceEnd):
+                stats.num_prompt_tokens = delta.usage.num_prompt_tokens
+                stats.num_output_tokens = delta.usage.num_output_tokens
+                stats.finish_reason = delta.finish_reason
+                stats.error = delta.error.message if delta.error is not None else None
     stats.finished = time.monotonic()
+    if answer.first_token_ns(0):
+        stats.first_token_at = stats.started + (answer.first_token_ns(0) - answer.submitted_ns) / 1e9
     sys.stdout.write("\n")
     sys.stdout.flush()
     return stats
-
-
-def render_chat(tokenizer: Any, prompt: str, system: str | None) -> str:
-    from localserve.backends.chat_template import ChatTemplate
-
-    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return template.render(messages, add_generation_prompt=True)

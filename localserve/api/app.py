@@ -27,7 +27,6 @@ from localserve.api import audio, batches, debug, embeddings, infill, metrics, m
 from localserve.api.batch_service import JOBS
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
-from localserve.api.generation import request_ids
 from localserve.api.middleware import auth_middleware, error_middleware
 from localserve.api.schemas import MAX_CHOICES, MAX_PROMPTS
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
@@ -37,6 +36,7 @@ from localserve.config import ServerSettings
 from localserve.errors import LocalServeError, NotFoundError
 from localserve.models.policy import CHAT
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, resolve
+from localserve.serving.generation import request_ids
 
 log = logging.getLogger(__name__)
 

@@ -1,34 +1,23 @@
 """`POST /v1/embeddings`: text or token ids in, vectors out, batched across
-requests by the model's batcher."""
+requests by the model's batcher (`serving.embeddings`)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot, usage_tokens
+from localserve.api.oneshot import PREFIXES, setup_oneshot, usage_tokens
 from localserve.engine.types import parse_priority
-from localserve.errors import InvalidRequestError
-from localserve.models.oneshot import EMBEDDINGS
+from localserve.serving.embeddings import EmbeddingsRequest, embed
+from localserve.serving.models import ModelHost
 
 MAX_INPUTS = 2048  # as OpenAI
-
-
-class Embedder(Protocol):
-    """What this route needs of an embeddings backend (llama.cpp or ONNX Runtime)."""
-
-    n_embd: int
-
-    def tokenize(self, text: str) -> tuple[int, ...]: ...
-
-    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
 
 
 class EmbeddingRequest(BaseModel):
@@ -76,33 +65,17 @@ def register(app: web.Application) -> None:
 
 async def create_embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, EmbeddingRequest)
-    model = await oneshot_model(request, body.model, EMBEDDINGS)
-    backend: Embedder = model.backend  # type: ignore[assignment]
-    if body.dimensions is not None and body.dimensions != backend.n_embd:
-        raise InvalidRequestError(
-            f"model {body.model!r} does not support 'dimensions' other than its own {backend.n_embd}",
-            param="dimensions",
-        )
-    items = await asyncio.to_thread(_token_lists, backend, body.inputs())
-    vectors = await model.batcher.submit(items, priority=parse_priority(body.priority))
+    return web.json_response(await answer(RequestModels(request), body))
+
+
+async def answer(host: ModelHost, body: EmbeddingRequest) -> dict[str, Any]:
+    """The embeddings `list` object for `body` (the handler and the batch runner)."""
+    inputs = tuple(x if isinstance(x, str) else tuple(x) for x in body.inputs())
+    request = EmbeddingsRequest(body.model, inputs, body.dimensions, parse_priority(body.priority))
+    result = await embed(host, request)
     encode = _base64 if body.encoding_format == "base64" else _floats
-    data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)]
-    num_tokens = sum(len(item) for item in items)
-    return web.json_response({"object": "list", "data": data, "model": body.model, "usage": usage_tokens(num_tokens)})
-
-
-def _token_lists(backend: Embedder, inputs: list[str | list[int]]) -> list[tuple[int, ...]]:
-    """Tokenize texts, check token lists; 400 naming the bad input."""
-    items = []
-    for i, entry in enumerate(inputs):
-        param = "input" if len(inputs) == 1 else f"input[{i}]"
-        if isinstance(entry, str):
-            if not entry:
-                raise InvalidRequestError(f"'{param}' is an empty string; send some text", param=param)
-            items.append(backend.check(backend.tokenize(entry), param))
-        else:
-            items.append(backend.check(entry, param))
-    return items
+    data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(result.vectors)]
+    return {"object": "list", "data": data, "model": body.model, "usage": usage_tokens(result.num_tokens)}
 
 
 def _floats(vector: np.ndarray) -> list[float]:

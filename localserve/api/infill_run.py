@@ -1,17 +1,54 @@
-"""One `/infill` answer as llama.cpp's server gives it: the text with its
-`n_indent` and `t_max_predict_ms` limits, the counts, the timings and the
-result object (`stop_type`, `tokens_predicted`, `timings`, ...)."""
+"""llama.cpp's `/infill` on the wire: the request body, and one answer as
+llama.cpp's server gives it: the text with its `n_indent` and
+`t_max_predict_ms` limits, the counts, the timings and the result object
+(`stop_type`, `tokens_predicted`, `timings`, ...)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from localserve.api.generation import event_error
+from pydantic import BaseModel, ConfigDict, Field
+
 from localserve.engine.types import FinishReason, TokenEvent
+from localserve.serving.generation import event_error
 
-if TYPE_CHECKING:
-    from localserve.api.infill import InfillRequest
+INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
+
+
+class InfillExtra(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[InfillExtra] = Field(default_factory=list)
+    prompt: str = ""
+    model: str | None = None
+    n_predict: int = Field(default=-1, le=INT32_MAX)  # < 1: until the context is full
+    t_max_predict_ms: int = 0  # <= 0: no limit
+    n_indent: int = Field(default=0, ge=0)
+    # llama.cpp server's defaults
+    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    top_k: int = Field(default=40, ge=0, le=INT32_MAX)
+    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    seed: int | None = None  # -1 or none: random
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    repeat_last_n: int = Field(default=64, ge=0, le=INT32_MAX)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    ignore_eos: bool = False
+    stream: bool = False
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+    priority: float | str | None = None
 
 
 class LineLimits:

@@ -38,7 +38,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from localserve.api.generation import LatencyObserver
 from localserve.api.state import MANAGER
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.models.registry import ModelManager
@@ -46,6 +45,8 @@ from localserve.models.registry import ModelManager
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MODEL_KEY = "localserve.model"
+#: Told ("ttft" | "itl", seconds) for each token of an answer.
+LatencyObserver = Callable[[str, float], None]
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
 CLIENT_CLOSED = 499  # nginx's code for "the client went away first"

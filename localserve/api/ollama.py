@@ -31,7 +31,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from localserve.api import ollama_chat
-from localserve.api.infill_prompt import fim_tokens
 from localserve.api.leases import LIFECYCLE
 from localserve.api.metrics import note_model
 from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
@@ -53,6 +52,7 @@ from localserve.backends.base import Tokenizer
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.models.oneshot import EMBEDDINGS
+from localserve.serving.fim import fim_tokens
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,12 @@ Ollama does.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from aiohttp import web
 
-from localserve.api.generation import MergedStreams, submit_all
-from localserve.api.infill_prompt import fim_prompt, require_fim
-from localserve.api.metrics import latency_observer, note_model
+from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.ollama_models import model_id_of
 from localserve.api.ollama_wire import (
@@ -42,118 +39,75 @@ from localserve.api.ollama_wire import (
     OllamaGenerateRequest,
     OllamaLines,
     now_iso,
-    ollama_sampling,
+    ollama_options,
     ollama_stream,
 )
-from localserve.api.prompts import chat_prompt, completion_prompt
-from localserve.api.sampling import grammar_for, validate
-from localserve.api.schemas import JsonSchemaFormat, ResponseFormat
-from localserve.api.state import STATE, engine_of, require_model
-from localserve.api.tools import ToolTemplate, plan_tools, prompt_messages
 from localserve.api.wire import new_id
-from localserve.engine.types import SamplingParams, parse_priority
+from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.models.policy import parse_keep_alive
+from localserve.serving.answer import Answer
+from localserve.serving.chat import start_chat
+from localserve.serving.completions import start_text
+from localserve.serving.models import hold_chat_model
+from localserve.serving.types import ChatRequest, FunctionTool, OutputFormat, TextRequest, Tools
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
     """`POST /api/chat`."""
-    started_ns = _now_ns()
+    started_ns = time.monotonic_ns()
     body = await parse_body(request, OllamaChatRequest)
-    model_id = await _generative(request, body.model)
+    host = RequestModels(request)
+    model_id = await hold_chat_model(host, model_id_of(request, body.model))
     if not body.messages:
         return _loaded(body.model, body.keep_alive, {"message": {"role": "assistant", "content": ""}})
-    engine = engine_of(request)
-    tokenizer = engine.tokenizer(model_id)
-    template = request.app[STATE].chat_template(model_id, tokenizer)
-    plan = plan_tools(body.tools, "auto", parallel=True) if body.tools else None
-    grammar = _format_grammar(body.format)
-    if plan is not None and grammar is not None:
-        raise InvalidRequestError("format cannot be combined with tools", param="format")
-    messages, tools = prompt_messages([m.for_template() for m in body.messages], plan, template)
-    renderer = ToolTemplate(template, tools) if tools else template
-    prompt_ids = await asyncio.to_thread(chat_prompt, renderer, tokenizer, messages)  # type: ignore[arg-type]
-    params = ollama_sampling(
-        body.options,
-        num_prompt_tokens=len(prompt_ids),
-        n_ctx=engine.capacity(model_id).n_ctx,
-        grammar=plan.grammar if plan else grammar,
+    tools = None
+    if body.tools:
+        functions = tuple(
+            FunctionTool(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+        )
+        tools = Tools(functions)
+    chat_request = ChatRequest(
+        model_id,
+        tuple(m.message() for m in body.messages),
+        ollama_options(body.options, priority=parse_priority(None)),
+        tools=tools,
+        output=_output_format(body.format),
     )
-    await validate(engine.backend(model_id), params, param="tools" if plan else "format")
-    lines = ChatLines(body.model, started_ns, tools=plan is not None)
-    return await _run(request, model_id, prompt_ids, params, lines, stream=body.stream, prompt_param="messages")
+    answer = await start_chat(host, chat_request, answer_id=new_id("ollama"))
+    return await _answer(request, answer, ChatLines(body.model, started_ns), stream=body.stream)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """`POST /api/generate`."""
-    started_ns = _now_ns()
+    started_ns = time.monotonic_ns()
     body = await parse_body(request, OllamaGenerateRequest)
-    model_id = await _generative(request, body.model)
+    host = RequestModels(request)
+    model_id = await hold_chat_model(host, model_id_of(request, body.model))
     if not body.prompt and not body.suffix and not body.context:
         return _loaded(body.model, body.keep_alive, {"response": ""})
-    engine = engine_of(request)
-    tokenizer = engine.tokenizer(model_id)
-    n_ctx = engine.capacity(model_id).n_ctx
-    num_predict = body.options.num_predict if body.options else None
-
-    def build() -> list[int]:
-        if body.suffix:
-            fim = require_fim(tokenizer, model_id, param="suffix")
-            return fim_prompt(
-                tokenizer, fim, prefix=body.prompt, suffix=body.suffix, n_ctx=n_ctx, max_tokens=num_predict
-            ).token_ids
-        template = request.app[STATE].chat_template(model_id, tokenizer)
-        messages = [{"role": "system", "content": body.system}] if body.system else []
-        messages.append({"role": "user", "content": body.prompt})
-        if body.context:  # the conversation goes on: no second BOS in the middle
-            _check_ids(body.context, tokenizer.vocab_size)
-            text = body.prompt if body.raw else template.render(messages, add_generation_prompt=True)
-            return list(body.context) + tokenizer.encode(text, add_special=False, parse_special=True)
-        if body.raw:
-            return completion_prompt(tokenizer, body.prompt, index=0)
-        return chat_prompt(template, tokenizer, messages)
-
-    prompt_ids = await asyncio.to_thread(build)
-    grammar = _format_grammar(body.format)
-    params = ollama_sampling(body.options, num_prompt_tokens=len(prompt_ids), n_ctx=n_ctx, grammar=grammar)
-    await validate(engine.backend(model_id), params, param="format")
-    lines = GenerateLines(body.model, started_ns, context=None if body.raw else prompt_ids)
-    return await _run(request, model_id, prompt_ids, params, lines, stream=body.stream, prompt_param="prompt")
-
-
-async def _run(
-    request: web.Request,
-    model_id: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    lines: OllamaLines,
-    *,
-    stream: bool,
-    prompt_param: str,
-) -> web.StreamResponse:
-    answer_id = new_id("ollama")
-    engine = engine_of(request)
-    lines.submitted_ns = _now_ns()
-    streams = submit_all(
-        engine, model_id, answer_id, [(prompt_ids, params)], priority=parse_priority(None), prompt_param=prompt_param
+    text_request = TextRequest(
+        model_id,
+        body.prompt,
+        ollama_options(body.options, priority=parse_priority(None)),
+        system=body.system,
+        raw=body.raw,
+        context=tuple(body.context) if body.context else None,
+        suffix=body.suffix or None,
+        output=_output_format(body.format),
     )
-    merged = MergedStreams(streams, observer=latency_observer(request, model_id))
-    headers = {"X-Request-Id": answer_id}
+    answer = await start_text(host, text_request, answer_id=new_id("ollama"))
+    return await _answer(request, answer, GenerateLines(body.model, started_ns, raw=body.raw), stream=body.stream)
+
+
+async def _answer(request: web.Request, answer: Answer, lines: OllamaLines, *, stream: bool) -> web.StreamResponse:
+    lines.follow(answer)
+    headers = {"X-Request-Id": answer.id}
     if stream:
-        return await ollama_stream(request, merged, lines, NdjsonWriter(request, headers))
-    try:
-        async for _, event in merged:
-            lines.add(event)
-    finally:
-        merged.abort()
-    return web.json_response(lines.whole(), headers=headers)
-
-
-async def _generative(request: web.Request, name: str) -> str:
-    """The chat model `name` means, loaded (on demand) and held for this request."""
-    model_id = await require_model(request, model_id_of(request, name))
-    note_model(request, model_id)
-    return model_id
+        return await ollama_stream(request, answer, lines, NdjsonWriter(request, headers))
+    async with answer:
+        (result,) = await answer.collect()
+    return web.json_response(lines.whole(result, answer), headers=headers)
 
 
 def _loaded(name: str, keep_alive: str | float | None, fields: dict[str, Any]) -> web.Response:
@@ -163,30 +117,12 @@ def _loaded(name: str, keep_alive: str | float | None, fields: dict[str, Any]) -
     return web.json_response({"model": name, "created_at": now_iso(), **fields, "done_reason": reason, "done": True})
 
 
-def _format_grammar(value: str | dict[str, Any] | None) -> str | None:
+def _output_format(value: str | dict[str, Any] | None) -> OutputFormat | None:
+    """`format`: "json" (any JSON) or a JSON schema."""
     if not value:
         return None
-    try:
-        if value == "json":
-            return grammar_for(ResponseFormat(type="json_object"))
-        if isinstance(value, dict):
-            return grammar_for(
-                ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat.model_validate({"schema": value}))
-            )
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(
-            exc.message.replace("response_format.json_schema.schema", "format"), param="format"
-        ) from None
+    if value == "json":
+        return OutputFormat("json_object", param="format", schema_param="format")
+    if isinstance(value, dict):
+        return OutputFormat("json_schema", value, param="format", schema_param="format")
     raise InvalidRequestError(f'format must be "json" or a JSON schema object; got {value!r}', param="format")
-
-
-def _check_ids(token_ids: list[int], vocab_size: int) -> None:
-    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(
-            f"context has token id {bad}, outside the vocabulary (size {vocab_size})", param="context"
-        )
-
-
-def _now_ns() -> int:
-    return time.monotonic_ns()

@@ -25,11 +25,11 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.infill_prompt import fim_tokens
 from localserve.api.state import MANAGER
 from localserve.backends.base import BackendInfo
 from localserve.errors import ModelNotFoundError
 from localserve.models.oneshot import EMBEDDINGS, gguf_architecture
+from localserve.serving.fim import fim_tokens
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Ollama's request bodies and answer lines for /api/chat and /api/generate,
-its `options` as the engine's `SamplingParams`, and the NDJSON writer."""
+its `options` as the serving layer's `Options`, and the NDJSON writer."""
 
 from __future__ import annotations
 
@@ -8,17 +8,29 @@ import datetime
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localserve.api.generation import MergedStreams, event_error
-from localserve.api.schemas import MAX_STOP, MAX_TOOLS, ToolCall, ToolDef
-from localserve.api.tools_parse import ToolCallParser, parse_reply
-from localserve.api.wire import FINISH_REASONS
-from localserve.engine.types import FinishReason, SamplingParams, TokenEvent
+from localserve.api import schemas
+from localserve.api.schemas import MAX_STOP, MAX_TOOLS, ToolDef
+from localserve.engine.types import SamplingParams
 from localserve.errors import LocalServeError
+from localserve.serving.answer import Answer
+from localserve.serving.types import (
+    ChoiceEnd,
+    ChoiceResult,
+    Delta,
+    HistoryCall,
+    Message,
+    Options,
+    TextDelta,
+    ToolCall,
+    ToolCallEnd,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +68,7 @@ class OllamaMessage(_Model):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[schemas.ToolCall] | None = None
     tool_name: str | None = None
 
     @field_validator("images")
@@ -66,13 +78,10 @@ class OllamaMessage(_Model):
             raise ValueError(NO_IMAGES)
         return value
 
-    def for_template(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": self.content or ""}
-        if self.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_name:
-            message["name"] = self.tool_name
-        return message
+    def message(self) -> Message:
+        """The message for the serving layer (`tool_name` names a tool's result)."""
+        calls = tuple(HistoryCall(c.function.name, c.function.arguments, c.id) for c in self.tool_calls or ())
+        return Message(self.role, self.content or "", self.tool_name, calls)
 
 
 class _OllamaRequest(_Model):
@@ -108,30 +117,26 @@ class OllamaGenerateRequest(_OllamaRequest):
         return value
 
 
-def ollama_sampling(
-    options: OllamaOptions | None, *, num_prompt_tokens: int, n_ctx: int, grammar: str | None
-) -> SamplingParams:
-    """Ollama's options with Ollama's defaults. `num_ctx` caps prompt plus
-    answer when it leaves room for an answer (the real context is the
-    server's `--ctx-size`)."""
+def ollama_options(options: OllamaOptions | None, *, priority: float) -> Options:
+    """Ollama's options with Ollama's defaults (temperature 0.8, top_k 40,
+    top_p 0.9, repeat_penalty 1.1 over the last 64 tokens). `num_ctx` caps
+    prompt plus answer when it leaves room for an answer (the real context
+    is the server's `--ctx-size`); `num_predict` -1 or -2: no limit."""
     o = options or OllamaOptions()
-    ctx = min(n_ctx, o.num_ctx) if o.num_ctx and o.num_ctx > num_prompt_tokens else n_ctx
-    room = max(1, ctx - num_prompt_tokens)
-    last_n = o.repeat_last_n if o.repeat_last_n is not None else 64
-    return SamplingParams(
-        max_tokens=min(o.num_predict, room) if o.num_predict and o.num_predict > 0 else room,
+    sampling = SamplingParams(
         temperature=_or(o.temperature, 0.8),
         top_k=_or(o.top_k, 40),
         top_p=_or(o.top_p, 0.9),
         min_p=_or(o.min_p, 0.0),
         repeat_penalty=_or(o.repeat_penalty, 1.1),
-        penalty_last_n=ctx if last_n == -1 else last_n,
+        penalty_last_n=_or(o.repeat_last_n, 64),  # -1: the whole context
         presence_penalty=_or(o.presence_penalty, 0.0),
         frequency_penalty=_or(o.frequency_penalty, 0.0),
         seed=o.seed if o.seed is not None and o.seed >= 0 else None,
         stop=tuple(s for s in o.stop or () if s),
-        grammar=grammar,
     )
+    max_tokens = o.num_predict if o.num_predict and o.num_predict > 0 else None
+    return Options(sampling=sampling, max_tokens=max_tokens, priority=priority, context_limit=o.num_ctx)
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -147,118 +152,115 @@ def now_iso() -> str:
 
 
 class OllamaLines:
-    """Turns token events into Ollama's lines; keeps the counts and timings."""
+    """Turns an answer's deltas into Ollama's lines, with the counts and the
+    timings in nanoseconds."""
 
     def __init__(self, model: str, started_ns: int) -> None:
         self.model = model
         self.started_ns = started_ns
         self.submitted_ns = started_ns
         self.first_token_ns = 0
-        self.final: TokenEvent | None = None
-        self.text = ""
+        self.end: ChoiceEnd | None = None
         self.output_ids: list[int] = []
 
-    def add(self, event: TokenEvent) -> list[dict[str, Any]]:
-        """The lines this event makes (streaming); whole answers ignore them."""
-        if event.finish_reason is FinishReason.ERROR:
-            raise event_error(event)
-        if event.token_ids and not self.first_token_ns:
-            self.first_token_ns = _monotonic_ns()
-        self.output_ids.extend(event.token_ids)
-        self.text += event.text
-        lines = self._pieces(event.text)
-        if event.finished:
-            self.final = event
-            lines += self._last_pieces()
-            lines.append(self._line(self._empty(), done=True) | self.stats())
-        return lines
+    def follow(self, answer: Answer) -> None:
+        """The answer's submission time, for the timings."""
+        self.submitted_ns = answer.submitted_ns
+
+    def add(self, delta: Delta, answer: Answer) -> list[dict[str, Any]]:
+        """The lines a delta makes (streaming)."""
+        if not isinstance(delta, ChoiceEnd):
+            return self._pieces(delta)
+        if delta.error is not None:
+            raise delta.error
+        self.end = delta
+        self._took(answer)
+        return [self._line(self._empty(), done=True) | self.stats()]
+
+    def _took(self, answer: Answer) -> None:
+        self.first_token_ns = answer.first_token_ns(0)
+        self.output_ids = answer.token_ids(0)
 
     def stats(self) -> dict[str, Any]:
-        end = _monotonic_ns()
-        first = self.first_token_ns or end
-        final = self.final
-        reason = FINISH_REASONS[final.finish_reason] if final and final.finish_reason else "stop"
+        end_ns = time.monotonic_ns()
+        first = self.first_token_ns or end_ns
+        usage = self.end.usage if self.end is not None else Usage(num_output_tokens=len(self.output_ids))
         return {
-            "done_reason": reason,
-            "total_duration": end - self.started_ns,
+            "done_reason": self.end.finish_reason if self.end is not None else "stop",
+            "total_duration": end_ns - self.started_ns,
             "load_duration": self.submitted_ns - self.started_ns,
-            "prompt_eval_count": final.num_prompt_tokens if final else 0,
+            "prompt_eval_count": usage.num_prompt_tokens,
             "prompt_eval_duration": first - self.submitted_ns,
-            "eval_count": final.num_output_tokens if final else len(self.output_ids),
-            "eval_duration": end - first,
+            "eval_count": usage.num_output_tokens,
+            "eval_duration": end_ns - first,
         }
+
+    def whole(self, result: ChoiceResult, answer: Answer) -> dict[str, Any]:
+        """The one line of an answer that is not streamed."""
+        self.end = ChoiceEnd(0, result.finish_reason, result.usage)
+        self._took(answer)
+        return self._line(self._whole(result), done=True) | self.stats()
 
     def _line(self, fields: dict[str, Any], *, done: bool) -> dict[str, Any]:
         return {"model": self.model, "created_at": now_iso(), **fields, "done": done}
 
-    def whole(self) -> dict[str, Any]:
+    def _pieces(self, delta: Delta) -> list[dict[str, Any]]:
         raise NotImplementedError
-
-    def _pieces(self, text: str) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def _last_pieces(self) -> list[dict[str, Any]]:
-        return []
 
     def _empty(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _whole(self, result: ChoiceResult) -> dict[str, Any]:
+        raise NotImplementedError
+
 
 class ChatLines(OllamaLines):
-    """`message` lines; with tools, calls leave one line each once complete."""
+    """`message` lines; tool calls leave one line each once complete, with
+    `arguments` as an object."""
 
-    def __init__(self, model: str, started_ns: int, *, tools: bool) -> None:
-        super().__init__(model, started_ns)
-        self.parser = ToolCallParser() if tools else None
-
-    def _message(self, content: str, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    @staticmethod
+    def _message(content: str, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
+        if calls:
+            message["tool_calls"] = [
+                {"function": {"name": call.name, "arguments": call.arguments_object()}} for call in calls
+            ]
         return {"message": message}
 
     def _empty(self) -> dict[str, Any]:
         return self._message("")
 
-    def _pieces(self, text: str) -> list[dict[str, Any]]:
-        if self.parser is None:
-            return [self._line(self._message(text), done=False)] if text else []
-        return self._deltas(self.parser.feed(text))
+    def _pieces(self, delta: Delta) -> list[dict[str, Any]]:
+        if isinstance(delta, TextDelta) and delta.text:
+            return [self._line(self._message(delta.text), done=False)]
+        if isinstance(delta, ToolCallEnd):
+            return [self._line(self._message("", [delta.call]), done=False)]
+        return []
 
-    def _last_pieces(self) -> list[dict[str, Any]]:
-        return self._deltas(self.parser.finish()) if self.parser is not None else []
-
-    def _deltas(self, deltas: list[Any]) -> list[dict[str, Any]]:
-        assert self.parser is not None
-        lines = []
-        for d in deltas:
-            if d.content:
-                lines.append(self._line(self._message(d.content), done=False))
-            elif d.done:
-                lines.append(self._line(self._message("", [self.parser.calls[d.index].ollama()]), done=False))
-        return lines
-
-    def whole(self) -> dict[str, Any]:
-        if self.parser is None:
-            return self._line(self._message(self.text), done=True) | self.stats()
-        reply = parse_reply(self.text)
-        calls = [call.ollama() for call in reply.calls]
-        return self._line(self._message(reply.content or "", calls), done=True) | self.stats()
+    def _whole(self, result: ChoiceResult) -> dict[str, Any]:
+        return self._message(result.content or "", result.tool_calls)
 
 
 class GenerateLines(OllamaLines):
     """`response` lines; the last carries `context` (prompt and answer ids)
     unless the prompt was raw."""
 
-    def __init__(self, model: str, started_ns: int, *, context: list[int] | None) -> None:
+    def __init__(self, model: str, started_ns: int, *, raw: bool) -> None:
         super().__init__(model, started_ns)
-        self.context = context
+        self.raw = raw
+        self.context: list[int] | None = None
+
+    def follow(self, answer: Answer) -> None:
+        super().follow(answer)
+        self.context = None if self.raw else answer.prompt_ids[0]
 
     def _empty(self) -> dict[str, Any]:
         return {"response": ""}
 
-    def _pieces(self, text: str) -> list[dict[str, Any]]:
-        return [self._line({"response": text}, done=False)] if text else []
+    def _pieces(self, delta: Delta) -> list[dict[str, Any]]:
+        if isinstance(delta, TextDelta) and delta.text:
+            return [self._line({"response": delta.text}, done=False)]
+        return []
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
@@ -266,12 +268,8 @@ class GenerateLines(OllamaLines):
             stats["context"] = [*self.context, *self.output_ids]
         return stats
 
-    def whole(self) -> dict[str, Any]:
-        return self._line({"response": self.text}, done=True) | self.stats()
-
-
-def _monotonic_ns() -> int:
-    return time.monotonic_ns()
+    def _whole(self, result: ChoiceResult) -> dict[str, Any]:
+        return {"response": result.text}
 
 
 # ---- NDJSON --------------------------------------------------------------------------
@@ -296,13 +294,14 @@ class NdjsonWriter:
 
 
 async def ollama_stream(
-    request: web.Request, merged: MergedStreams, lines: OllamaLines, writer: NdjsonWriter
+    request: web.Request, answer: Answer, lines: OllamaLines, writer: NdjsonWriter
 ) -> web.StreamResponse:
     """Stream an answer's lines; a client that leaves aborts it."""
     try:
-        async for _, event in merged:
-            for line in lines.add(event):
-                await writer.send(line)
+        async with answer:
+            async for delta in answer.deltas():
+                for line in lines.add(delta, answer):
+                    await writer.send(line)
     except ConnectionResetError:
         log.debug("client left %s during streaming; aborted", request.path)
     except Exception as exc:
@@ -315,6 +314,4 @@ async def ollama_stream(
         )
         with contextlib.suppress(ConnectionResetError):
             await writer.send({"error": message})
-    finally:
-        merged.abort()
     return writer.response

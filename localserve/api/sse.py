@@ -13,24 +13,24 @@ event ends the stream, without `[DONE]` (the `openai` SDK raises it as an
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 from typing import Any, Protocol
 
 from aiohttp import web
 
-from localserve.api.generation import MergedStreams, event_error
-from localserve.engine.types import FinishReason, TokenEvent
+from localserve.engine.types import FinishReason
 from localserve.errors import LocalServeError
+from localserve.serving.answer import Answer
+from localserve.serving.types import ChoiceEnd, Delta
 
 log = logging.getLogger(__name__)
 
 
 class ChunkFormat(Protocol):
-    """Turns token events into the endpoint's chunk objects."""
+    """Turns the serving layer's deltas into the endpoint's chunk objects."""
 
-    def chunks(self, index: int, event: TokenEvent) -> list[dict[str, Any]]: ...
+    def chunks(self, delta: Delta) -> list[dict[str, Any]]: ...
 
     def usage_chunk(self) -> dict[str, Any]: ...
 
@@ -53,8 +53,11 @@ class SseWriter:
     def started(self) -> bool:
         return self.response.prepared
 
-    async def send(self, payload: dict[str, Any]) -> None:
-        await self._write(b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
+    async def send(self, payload: dict[str, Any], *, event: str | None = None) -> None:
+        """One `data:` event; with `event`, named (`event: NAME` first)."""
+        head = f"event: {event}\n".encode() if event else b""
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        await self._write(head + b"data: " + data + b"\n\n")
 
     async def send_error(self, exc: LocalServeError) -> None:
         with contextlib.suppress(ConnectionResetError):
@@ -72,7 +75,7 @@ class SseWriter:
 
 async def stream_answer(
     request: web.Request,
-    merged: MergedStreams,
+    answer: Answer,
     fmt: ChunkFormat,
     *,
     include_usage: bool,
@@ -80,19 +83,20 @@ async def stream_answer(
 ) -> web.StreamResponse:
     """Stream an answer as SSE. A client that disconnects makes the next
     write fail (or, with handler cancellation, cancels this task); either way
-    the `finally` aborts every request of the answer before the next step."""
+    the answer is aborted before the next step."""
     writer = SseWriter(request, headers)
-    open_choices = set(range(len(merged.streams)))
+    open_choices = set(range(answer.num_choices))
     try:
-        async for index, event in merged:
-            if event.finish_reason is FinishReason.ERROR:
-                if writer.started:
-                    await _finish_with_error(writer, fmt, event, [index, *sorted(open_choices - {index})])
-                raise event_error(event)
-            for chunk in fmt.chunks(index, event):
-                await writer.send(chunk)
-            if event.finished:
-                open_choices.discard(index)
+        async with answer:
+            async for delta in answer.deltas():
+                if isinstance(delta, ChoiceEnd) and delta.error is not None:
+                    if writer.started:
+                        await _finish_with_error(writer, fmt, delta, sorted(open_choices - {delta.index}))
+                    raise delta.error
+                for chunk in fmt.chunks(delta):
+                    await writer.send(chunk)
+                if isinstance(delta, ChoiceEnd):
+                    open_choices.discard(delta.index)
         if include_usage:
             await writer.send(fmt.usage_chunk())
         await writer.done()
@@ -107,16 +111,14 @@ async def stream_answer(
             raise
         log.exception("error while streaming %s", request.path)
         await writer.send_error(LocalServeError("The server had an unexpected error while streaming."))
-    finally:
-        merged.abort()
     return writer.response
 
 
-async def _finish_with_error(writer: SseWriter, fmt: ChunkFormat, event: TokenEvent, indexes: list[int]) -> None:
-    """The last chunk, `finish_reason: "error"`, of each choice in `indexes`
-    (the failed one first, with its own event): a client that reads finish
-    reasons sees every choice end, and why, before the error event."""
-    for index in indexes:
-        choice_event = event if index == indexes[0] else dataclasses.replace(event, num_output_tokens=0)
-        for chunk in fmt.chunks(index, choice_event):
+async def _finish_with_error(writer: SseWriter, fmt: ChunkFormat, failed: ChoiceEnd, others: list[int]) -> None:
+    """The last chunk, `finish_reason: "error"`, of the failed choice and of
+    every other choice still open: a client that reads finish reasons sees
+    every choice end, and why, before the error event."""
+    ends = [failed, *(ChoiceEnd(index, FinishReason.ERROR.value, error=failed.error) for index in others)]
+    for end in ends:
+        for chunk in fmt.chunks(end):
             await writer.send(chunk)

@@ -14,9 +14,10 @@ from localserve.backends.chat_template import ChatTemplate
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine
 from localserve.errors import ModelLoadingError
+from localserve.models.names import validate_model_id
 from localserve.models.policy import CHAT
 from localserve.models.registry import ModelManager
-from localserve.models.names import validate_model_id
+from localserve.serving.prompts import TemplateCache
 
 
 @dataclass(slots=True)
@@ -25,8 +26,7 @@ class ApiState:
 
     loader: asyncio.Task[None] | None = None
     load_errors: dict[str, str] = field(default_factory=dict)  # model (as named in settings) -> reason
-    # One compiled template per model; the tokenizer is kept to notice a reload.
-    templates: dict[str, tuple[Tokenizer, ChatTemplate]] = field(default_factory=dict)
+    templates: TemplateCache = field(default_factory=TemplateCache)  # compiled chat templates
 
     @property
     def loading(self) -> bool:
@@ -34,12 +34,7 @@ class ApiState:
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
         """The model's own chat template, compiled once per loaded model."""
-        cached = self.templates.get(model_id)
-        if cached is not None and cached[0] is tokenizer:
-            return cached[1]
-        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-        self.templates[model_id] = (tokenizer, template)
-        return template
+        return self.templates.get(model_id, tokenizer)
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)

@@ -1,5 +1,5 @@
-"""OpenAI's wire objects, built from the engine's token events: completions,
-chunks, usage and both log-probability formats (chat and legacy)."""
+"""OpenAI's wire objects, built from the serving layer's results: whole
+completions, usage and both log-probability formats (chat and legacy)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,10 @@ from typing import Any
 
 from localserve import __version__
 from localserve.backends.base import Tokenizer
-from localserve.engine.types import FinishReason, TokenEvent, TokenLogprob
+from localserve.engine.types import TokenLogprob
+from localserve.serving.types import ChoiceResult, ToolCall, Usage
 
 SYSTEM_FINGERPRINT = f"fp_localserve_{__version__}"
-
-FINISH_REASONS: dict[FinishReason, str] = {
-    FinishReason.STOP: "stop",
-    FinishReason.LENGTH: "length",
-    FinishReason.ABORT: "abort",  # cancelled through /api/v1/requests/{id}/cancel
-    FinishReason.ERROR: "error",
-}
 
 JsonDict = dict[str, Any]
 
@@ -47,38 +41,17 @@ class AnswerMeta:
         }
 
 
-@dataclass(slots=True)
-class ChoiceResult:
-    """Everything one choice produced, gathered from its events."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    final: TokenEvent | None = None
-
-    def add(self, event: TokenEvent) -> None:
-        self.text += event.text
-        self.token_ids.extend(event.token_ids)
-        self.logprobs.extend(event.logprobs)
-        if event.finished:
-            self.final = event
-
-    @property
-    def finish_reason(self) -> str | None:
-        return FINISH_REASONS[self.final.finish_reason] if self.final and self.final.finish_reason else None
-
-
-def usage(finals: Sequence[TokenEvent | None], num_choices_per_prompt: int) -> JsonDict:
+def usage(usages: Sequence[Usage | None], num_choices_per_prompt: int) -> JsonDict:
     """OpenAI usage: each prompt counted once however many choices it has;
     completion tokens summed over all choices."""
     prompt = cached = completion = 0
-    for index, final in enumerate(finals):
-        if final is None:
+    for index, counts in enumerate(usages):
+        if counts is None:
             continue
-        completion += final.num_output_tokens
+        completion += counts.num_output_tokens
         if index % num_choices_per_prompt == 0:
-            prompt += final.num_prompt_tokens
-            cached += final.num_cached_tokens
+            prompt += counts.num_prompt_tokens
+            cached += counts.num_cached_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -126,20 +99,32 @@ def legacy_logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], text
 def chat_completion(
     meta: AnswerMeta, results: Sequence[ChoiceResult], tokenizer: Tokenizer, *, with_logprobs: bool
 ) -> JsonDict:
-    """A `chat.completion` object."""
-    choices = [
-        {
-            "index": index,
-            "message": {"role": "assistant", "content": result.text, "refusal": None},
-            "logprobs": chat_logprobs(tokenizer, result.logprobs) if with_logprobs else None,
-            "finish_reason": result.finish_reason,
-        }
-        for index, result in enumerate(results)
-    ]
+    """A `chat.completion` object; replies that are tool calls become
+    `message.tool_calls` with finish reason `tool_calls`."""
+    choices = []
+    for result in results:
+        message: JsonDict = {"role": "assistant", "content": result.content, "refusal": None}
+        finish_reason = result.finish_reason
+        if result.tool_calls:
+            message["tool_calls"] = [tool_call(call) for call in result.tool_calls]
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        choices.append(
+            {
+                "index": result.index,
+                "message": message,
+                "logprobs": chat_logprobs(tokenizer, result.logprobs) if with_logprobs else None,
+                "finish_reason": finish_reason,
+            }
+        )
     body = meta.header("chat.completion")
     body["choices"] = choices
-    body["usage"] = usage([r.final for r in results], len(results))
+    body["usage"] = usage([r.usage for r in results], len(results))
     return body
+
+
+def tool_call(call: ToolCall) -> JsonDict:
+    """A tool call as `message.tool_calls` lists it."""
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def text_completion(
@@ -167,5 +152,5 @@ def text_completion(
         )
     body = meta.header("text_completion")
     body["choices"] = choices
-    body["usage"] = usage([r.final for r in results], num_choices_per_prompt)
+    body["usage"] = usage([r.usage for r in results], num_choices_per_prompt)
     return body

@@ -15,8 +15,12 @@ import numpy as np
 import ollama
 import pytest
 
-from localserve.api.ollama_wire import ChatLines, OllamaOptions, ollama_sampling
+from localserve.api.ollama_wire import ChatLines, OllamaOptions, ollama_options
 from localserve.engine.types import FinishReason, TokenEvent
+from localserve.serving.answer import ChoiceStream
+from localserve.serving.sampling import sampling_for
+from localserve.serving.tools_parse import parse_reply
+from localserve.serving.types import ChoiceResult
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 EMBED_MODEL = "all-minilm-l6-v2"
@@ -98,31 +102,54 @@ def test_embed_on_a_chat_model_is_a_clear_400(ol: ollama.Client) -> None:
 
 
 def test_options_map_to_sampling() -> None:
-    defaults = ollama_sampling(None, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    def sampling(options: OllamaOptions | None) -> Any:
+        return sampling_for(ollama_options(options, priority=1.0), num_prompt_tokens=100, n_ctx=2048)
+
+    defaults = sampling(None)
     assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.repeat_penalty) == (0.8, 40, 0.9, 1.1)
-    assert defaults.max_tokens == 1948 and defaults.seed is None
+    assert defaults.max_tokens == 1948 and defaults.seed is None and defaults.penalty_last_n == 64
     options = OllamaOptions.model_validate(
         {"num_ctx": 512, "num_predict": -1, "seed": -1, "stop": "END", "repeat_last_n": -1, "mirostat": 2}
     )
-    capped = ollama_sampling(options, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    capped = sampling(options)
     assert capped.max_tokens == 412 and capped.penalty_last_n == 512 and capped.stop == ("END",)
     too_small = OllamaOptions.model_validate({"num_ctx": 50, "num_predict": 10, "seed": 3})
-    kept = ollama_sampling(too_small, num_prompt_tokens=100, n_ctx=2048, grammar=None)
+    kept = sampling(too_small)
     assert kept.max_tokens == 10 and kept.seed == 3  # a num_ctx under the prompt is not honoured
 
 
+class _Answer:
+    """What `ChatLines` reads of an answer."""
+
+    def __init__(self, stream: ChoiceStream) -> None:
+        self.stream = stream
+        self.submitted_ns = 0
+
+    def first_token_ns(self, index: int) -> int:
+        return self.stream.first_token_ns
+
+    def token_ids(self, index: int) -> list[int]:
+        return self.stream.token_ids
+
+
 def test_streamed_tool_call_lines() -> None:
-    lines = ChatLines("m", 0, tools=True)
+    stream = ChoiceStream(0, tools=True)
+    answer: Any = _Answer(stream)
+    lines = ChatLines("m", 0)
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    out = [line for ch in text for line in lines.add(TokenEvent("r", (1,), ch))]
-    out += lines.add(
-        TokenEvent("r", (), "", finish_reason=FinishReason.STOP, num_prompt_tokens=5, num_output_tokens=30)
-    )
+    events = [TokenEvent("r", (1,), ch) for ch in text]
+    events.append(TokenEvent("r", (), "", finish_reason=FinishReason.STOP, num_prompt_tokens=5, num_output_tokens=30))
+    out = []
+    for event in events:
+        stream.note(event)
+        out += [line for delta in stream.deltas(event) for line in lines.add(delta, answer)]
     calls = [line["message"]["tool_calls"] for line in out if "tool_calls" in line["message"]]
     assert calls == [[{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]]
     assert not any(line["message"]["content"] for line in out)
     assert out[-1]["done"] is True and out[-1]["done_reason"] == "stop" and out[-1]["eval_count"] == 30
-    whole = lines.whole()
+    reply = parse_reply(text)
+    result = ChoiceResult(0, text, finish_reason="stop", tool_calls=reply.calls, content=reply.content)
+    whole = ChatLines("m", 0).whole(result, answer)
     assert whole["message"]["tool_calls"] == calls[0] and whole["message"]["content"] == ""
 
 

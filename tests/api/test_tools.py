@@ -12,10 +12,11 @@ import httpx
 import openai
 import pytest
 
+from localserve.api.openai_convert import tools as openai_tools
 from localserve.api.schemas import NamedToolChoice, ToolDef
-from localserve.api.tools import TOOL_OPEN, ToolTemplate, plan_tools, prompt_messages, renders_tools
-from localserve.api.tools_parse import ToolCallParser, parse_reply
 from localserve.backends.chat_template import ChatTemplate
+from localserve.serving.tools import TOOL_OPEN, plan_tools, prompt_messages, renders_tools
+from localserve.serving.tools_parse import ToolCallParser, parse_reply
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 
 WEATHER = {
@@ -138,12 +139,12 @@ def test_streamed_deltas_rebuild_the_call() -> None:
 def _plan(choice: Any = "auto", parallel: bool = True):  # type: ignore[no-untyped-def]
     if isinstance(choice, dict):
         choice = NamedToolChoice.model_validate(choice)
-    return plan_tools([ToolDef.model_validate(t) for t in TOOLS], choice, parallel=parallel)
+    return plan_tools(openai_tools([ToolDef.model_validate(t) for t in TOOLS], choice, parallel=parallel))
 
 
 def test_plan_and_grammar_shapes() -> None:
-    assert plan_tools([ToolDef.model_validate(WEATHER)], "none", parallel=True) is None
-    assert plan_tools(None, "auto", parallel=True) is None
+    assert plan_tools(openai_tools([ToolDef.model_validate(WEATHER)], "none", parallel=True)) is None
+    assert plan_tools(openai_tools(None, "auto", parallel=True)) is None
     auto, required = _plan("auto"), _plan("required", parallel=False)
     assert "root ::= ls-calls | ls-text" in auto.grammar and not auto.required
     assert "root ::= ls-calls\n" in required.grammar and "ls-calls ::= ls-call\n" in required.grammar
@@ -198,7 +199,7 @@ def test_native_template_gets_tools_and_object_arguments() -> None:
         }
     ]
     messages, tools = prompt_messages(history, _plan(), template)
-    text = ToolTemplate(template, tools).render(messages)
+    text = template.render(messages, tools=tools)
     assert '<tool_call>{"a": 1, "b": 2}</tool_call>' in text and "TOOLS=2" in text
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from aiohttp import web
-
-from localserve.api.batch_service import AppLineExecutor, batch_priority
-from localserve.api.state import MANAGER
+from localserve.api.batch_lines import ServingLineExecutor, batch_priority
 from localserve.engine.types import Capacity
+from localserve.serving.models import LocalModels
 
 
 class StubEngine:
@@ -28,10 +26,9 @@ class StubEngine:
         return {"m": {"running": self.running, "waiting": self.waiting}}
 
 
-def executor(engine: StubEngine, concurrency: int = 0) -> AppLineExecutor:
-    app = web.Application()
-    app[MANAGER] = SimpleNamespace(engine=engine)  # type: ignore[assignment]
-    return AppLineExecutor(app, concurrency)
+def executor(engine: StubEngine, concurrency: int = 0) -> ServingLineExecutor:
+    manager = SimpleNamespace(engine=engine)
+    return ServingLineExecutor(LocalModels(manager), concurrency)  # type: ignore[arg-type]
 
 
 def test_batch_lines_are_never_more_urgent_than_batch() -> None:
@@ -39,7 +36,7 @@ def test_batch_lines_are_never_more_urgent_than_batch() -> None:
     assert batch_priority("interactive") == 2.0
     assert batch_priority(0) == 2.0
     assert batch_priority(5) == 5.0
-    assert batch_priority("nonsense") == "nonsense"  # left for the handler's own 400
+    assert batch_priority("nonsense") == "nonsense"  # left for the validation's own 400
 
 
 def test_lines_in_flight_are_the_model_slots() -> None:

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from localserve.api.schemas import NamedToolChoice, ToolChoice, ToolDef
 from localserve.backends.chat_template import ChatTemplate
 from localserve.errors import InvalidRequestError
+from localserve.serving.types import FunctionTool, Tools
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -79,30 +79,30 @@ class ToolPlan:
         return [tool["function"]["name"] for tool in self.tools]
 
 
-def plan_tools(tools: Sequence[ToolDef] | None, choice: ToolChoice | None, *, parallel: bool) -> ToolPlan | None:
-    """The plan for `tools` under `tool_choice`; None when no tool may be called."""
-    if not tools or choice == "none":
+def plan_tools(tools: Tools | None) -> ToolPlan | None:
+    """The plan for `tools` under their choice; None when no tool may be called."""
+    if tools is None or not tools.functions or tools.choice == "none":
         return None
-    selected = list(tools)
-    if isinstance(choice, NamedToolChoice):
-        selected = [tool for tool in tools if tool.function.name == choice.function.name]
-    required = choice == "required" or isinstance(choice, NamedToolChoice)
-    objects = tuple(_tool_object(tool) for tool in selected)
+    selected = list(tools.functions)
+    if tools.choice == "named":
+        selected = [function for function in selected if function.name == tools.name]
+    required = tools.choice in ("required", "named")
+    objects = tuple(_tool_object(function) for function in selected)
     functions = json.dumps([tool["function"] for tool in objects], sort_keys=True)
     try:
-        grammar = _grammar(functions, required=required, parallel=parallel)
+        grammar = _grammar(functions, required=required, parallel=tools.parallel)
     except Exception as exc:  # the converter raises assorted errors (even AssertionError)
         raise InvalidRequestError(
             f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools"
         ) from None
-    return ToolPlan(objects, required, parallel, grammar)
+    return ToolPlan(objects, required, tools.parallel, grammar)
 
 
-def _tool_object(tool: ToolDef) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.function.name}
-    if tool.function.description:
-        function["description"] = tool.function.description
-    function["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
+def _tool_object(tool: FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
     return {"type": "function", "function": function}
 
 
@@ -189,18 +189,6 @@ def _arguments_object(arguments: str | dict[str, Any]) -> Any:
 
 def _arguments_text(arguments: str | dict[str, Any]) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-class ToolTemplate:
-    """A chat template that renders with `tools` (duck-types `ChatTemplate`
-    for `prompts.chat_prompt`)."""
-
-    def __init__(self, template: ChatTemplate, tools: list[dict[str, Any]] | None) -> None:
-        self.template = template
-        self.tools = tools
-
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=self.tools)
 
 
 # ---- the grammar -----------------------------------------------------------------------

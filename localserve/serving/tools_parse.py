@@ -8,9 +8,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from localserve.api.tools import TOOL_CLOSE, TOOL_OPEN
+from localserve.serving.tools import TOOL_CLOSE, TOOL_OPEN
+from localserve.serving.types import ToolCall
 
 # The start of a call as the grammar writes it (whitespace tolerated for
 # templates' own formats): the name is known, the arguments come next.
@@ -36,20 +36,15 @@ class Delta:
 
 @dataclass(slots=True)
 class ParsedCall:
+    """A call as it is being read; `complete` once its closing tag came."""
+
     id: str
     name: str
     arguments: str = ""  # JSON text, as the model wrote it
     complete: bool = False
 
-    def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-    def ollama(self) -> dict[str, Any]:
-        try:
-            arguments = json.loads(self.arguments) if self.arguments else {}
-        except ValueError:
-            arguments = {}
-        return {"function": {"name": self.name, "arguments": arguments}}
+    def whole(self) -> ToolCall:
+        return ToolCall(self.id, self.name, self.arguments)
 
 
 class _JsonValueEnd:
@@ -210,7 +205,7 @@ class ToolCallParser:
 @dataclass(frozen=True, slots=True)
 class ParsedReply:
     content: str | None
-    calls: list[ParsedCall]
+    calls: list[ToolCall]
 
 
 def parse_reply(text: str) -> ParsedReply:
@@ -220,7 +215,7 @@ def parse_reply(text: str) -> ParsedReply:
     parser = ToolCallParser()
     parser.feed(text)
     parser.finish()
-    calls = [call for call in parser.calls if call.complete]
+    calls = [call.whole() for call in parser.calls if call.complete]
     if not calls:
         return ParsedReply(text, [])
     return ParsedReply(parser.content or None, calls)

@@ -19,11 +19,12 @@ chunks first. llama.cpp puts BOS after the extra context; here it leads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from localserve.backends.base import Tokenizer
 from localserve.errors import ContextLengthError, InvalidRequestError
+from localserve.serving.types import ExtraChunk
 
 #: Tokens kept free for the answer when the request sets no limit.
 DEFAULT_ANSWER_ROOM = 256
@@ -39,12 +40,6 @@ class FimTokens:
     mid: int
     rep: int | None = None
     sep: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ExtraChunk:
-    filename: str
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +116,7 @@ def fim_prompt(
     return FimPrompt(token_ids, truncated)
 
 
-def _extra_ids(fim: FimTokens, extra: Sequence[ExtraChunk], text_ids) -> list[int]:  # type: ignore[no-untyped-def]
+def _extra_ids(fim: FimTokens, extra: Sequence[ExtraChunk], text_ids: Callable[[str], list[int]]) -> list[int]:
     ids: list[int] = []
     if fim.rep is not None:
         ids += [fim.rep, *text_ids(REPO_NAME)]

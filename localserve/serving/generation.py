@@ -4,18 +4,11 @@ engine, and read their token events back as one stream."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from localserve.api.wire import ChoiceResult
 from localserve.engine.engine import SHUTDOWN_MESSAGE, Engine, RequestStream
-from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
+from localserve.engine.types import GenerateRequest, SamplingParams, TokenEvent
 from localserve.errors import BackendError, ContextLengthError, EngineStoppedError, LocalServeError
-
-#: Told the latency of every token an answer receives: `("ttft", seconds)`
-#: from submission to a request's first token, `("itl", seconds)` between
-#: its later ones (the Prometheus histograms of `api.metrics`).
-LatencyObserver = Callable[[str, float], None]
 
 
 def event_error(event: TokenEvent) -> LocalServeError:
@@ -69,11 +62,9 @@ class MergedStreams:
     in arrival order. `abort()` ends every request still running; call it in
     a `finally` so that a client who leaves stops the generation."""
 
-    def __init__(self, streams: Sequence[RequestStream], *, observer: LatencyObserver | None = None) -> None:
+    def __init__(self, streams: Sequence[RequestStream]) -> None:
         self.streams = list(streams)
         self._tasks: list[asyncio.Task[None]] = []
-        self._observer = observer
-        self._last_token_at = [0.0] * len(self.streams)
 
     def __aiter__(self) -> AsyncIterator[tuple[int, TokenEvent]]:
         return self._events()
@@ -81,7 +72,6 @@ class MergedStreams:
     async def _events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
         if len(self.streams) == 1:
             async for event in self.streams[0]:
-                self._observe(0, event)
                 yield 0, event
             return
         queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
@@ -91,19 +81,7 @@ class MergedStreams:
             index, event = await queue.get()
             if event.finished:
                 num_open -= 1
-            self._observe(index, event)
             yield index, event
-
-    def _observe(self, index: int, event: TokenEvent) -> None:
-        if self._observer is None or not event.token_ids:
-            return
-        now = time.monotonic()
-        last = self._last_token_at[index]
-        if last:
-            self._observer("itl", now - last)
-        else:
-            self._observer("ttft", now - self.streams[index].submitted_at)
-        self._last_token_at[index] = now
 
     def abort(self) -> None:
         for task in self._tasks:
@@ -114,17 +92,3 @@ class MergedStreams:
 async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue[tuple[int, TokenEvent]]) -> None:
     async for event in stream:
         queue.put_nowait((index, event))
-
-
-async def collect(merged: MergedStreams) -> list[ChoiceResult]:
-    """Run an answer to the end (non-streaming). A failed choice fails the
-    whole answer (500, or 503 when ended by a shutdown); the others are aborted."""
-    results = [ChoiceResult() for _ in merged.streams]
-    try:
-        async for index, event in merged:
-            if event.finish_reason is FinishReason.ERROR:
-                raise event_error(event)
-            results[index].add(event)
-    finally:
-        merged.abort()
-    return results

@@ -1,0 +1,52 @@
+"""The serving layer's models as one HTTP request sees them, and the batch
+runner's, from the same app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from localserve.api.leases import LIFECYCLE, use_model
+from localserve.api.metrics import note_model
+from localserve.api.state import MANAGER, STATE
+from localserve.backends.base import Tokenizer
+from localserve.backends.chat_template import ChatTemplate
+from localserve.models.registry import ModelManager
+from localserve.serving.models import LocalModels
+
+
+class RequestModels:
+    """A `serving.models.ModelHost` for one HTTP request: models are held
+    (api.leases) until its answer is written, loaded on demand; `keep_alive`
+    is the caller's, else the JSON body's; the request's metrics carry the
+    model it used."""
+
+    def __init__(self, request: web.Request, *, keep_alive: Any = None) -> None:
+        self.request = request
+        self.keep_alive = keep_alive
+
+    @property
+    def manager(self) -> ModelManager:
+        return self.request.app[MANAGER]
+
+    async def hold(self, model_id: str, kind: str) -> str:
+        return await use_model(self.request, model_id, kind=kind, keep_alive=self.keep_alive)
+
+    def loading(self) -> bool:
+        return self.request.app[STATE].loading
+
+    def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
+        return self.request.app[STATE].chat_template(model_id, tokenizer)
+
+    def found(self, model_id: str) -> None:
+        note_model(self.request, model_id)
+
+
+def app_models(app: web.Application) -> LocalModels:
+    """The app's models for work that is not an HTTP request (batch lines):
+    the same lifecycle, start-up state and chat templates."""
+    state = app[STATE]
+    return LocalModels(
+        app[MANAGER], lifecycle=app.get(LIFECYCLE), loading=lambda: state.loading, templates=state.templates
+    )

@@ -1,0 +1,15 @@
+"""The serving layer: a request (chat, completion, text prompt, infill,
+embeddings) in, engine work and an answer out, with no HTTP in sight.
+
+    types        the requests, deltas and results every caller shares
+    models       how a call reaches its models (`ModelHost`, `LocalModels`)
+    chat         conversations through the chat template, tools, JSON formats
+    completions  plain prompts, fill-in-the-middle, Ollama-style text prompts
+    embeddings   vectors through the model's micro-batcher
+    answer       an answer in flight: typed deltas (streaming) or whole results
+    prompts, tools, tools_parse, sampling, fim, generation: the parts
+
+Every HTTP dialect in `localserve.api` is a thin adapter over these calls;
+the batch runner, `localserve batch run`, Ray replicas and `localserve run`
+call them directly.
+"""

@@ -1,0 +1,51 @@
+"""Chat: a conversation (with tools or a JSON format, or neither) through
+the model's own template, into the engine as an `Answer`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from localserve.errors import InvalidRequestError
+from localserve.serving.answer import Answer, submit
+from localserve.serving.models import ChatModel, ModelHost, open_chat_model
+from localserve.serving.prompts import chat_prompt
+from localserve.serving.sampling import grammar_for
+from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
+from localserve.serving.types import ChatRequest
+
+
+async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -> Answer:
+    """Validate, build the prompt and queue the choices of a chat request."""
+    model = await open_chat_model(host, request.model)
+    plan = plan_tools(request.tools)
+    if plan is not None and request.output is not None:
+        param = request.output.param
+        raise InvalidRequestError(
+            f"{param} cannot be combined with tools; leave {param} out or let no tool be called", param=param
+        )
+    prompt_ids = await chat_prompt_ids(model, request, plan)
+    grammar = plan.grammar if plan is not None else grammar_for(request.output)
+    return await submit(
+        model,
+        answer_id,
+        [prompt_ids],
+        request.options,
+        grammar=grammar,
+        grammar_param="tools" if plan is not None else (request.output.param if request.output else ""),
+        plan=plan,
+        prompt_param=request.prompt_param,
+    )
+
+
+async def chat_prompt_ids(model: ChatModel, request: ChatRequest, plan: ToolPlan | None) -> list[int]:
+    """The prompt's token ids, rendered and tokenized off the event loop (a
+    long conversation takes a while, and the loop must keep streaming)."""
+    template = model.template
+    messages, tools = prompt_messages([m.for_template() for m in request.messages], plan, template)
+    return await asyncio.to_thread(chat_prompt, template, model.tokenizer, messages, tools, param=request.prompt_param)
+
+
+async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:
+    """How many tokens the prompt of `request` takes (nothing is generated)."""
+    model = await open_chat_model(host, request.model)
+    return len(await chat_prompt_ids(model, request, plan_tools(request.tools)))

@@ -1,0 +1,104 @@
+"""From request to prompt token ids: chat messages through the model's own
+template, plain prompts as text or ready token ids, a text prompt as a user
+turn (Ollama's /api/generate, `localserve run`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from localserve.backends.base import Tokenizer
+from localserve.backends.chat_template import ChatTemplate
+from localserve.errors import InvalidRequestError
+
+
+class TemplateCache:
+    """One compiled chat template per loaded model; the tokenizer is kept
+    to notice a reload (a new tokenizer object)."""
+
+    def __init__(self) -> None:
+        self._templates: dict[str, tuple[Tokenizer, ChatTemplate]] = {}
+
+    def get(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
+        """The model's own chat template, compiled once per loaded model."""
+        cached = self._templates.get(model_id)
+        if cached is not None and cached[0] is tokenizer:
+            return cached[1]
+        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        self._templates[model_id] = (tokenizer, template)
+        return template
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Tokenize a whole prompt, special tokens parsed. A BOS token is added
+    unless the text starts with it already (templates that write the BOS
+    token themselves must not get a second one)."""
+    bos = tokenizer.bos_token
+    add_special = not (bos and text.startswith(bos))
+    return tokenizer.encode(text, add_special=add_special, parse_special=True)
+
+
+def chat_prompt(
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    param: str = "messages",
+) -> list[int]:
+    """Render `messages` (and `tools`, for templates that take them) with the
+    generation prompt, and tokenize the result."""
+    text = template.render(messages, add_generation_prompt=True, tools=tools)
+    token_ids = encode_text(tokenizer, text)
+    if not token_ids:
+        raise InvalidRequestError("the messages render to an empty prompt", param=param)
+    return token_ids
+
+
+def completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, index: int, param: str) -> list[int]:
+    """Token ids of one plain prompt: text is tokenized like llama.cpp's
+    server does (special tokens added and parsed); ids are checked."""
+    if isinstance(prompt, str):
+        token_ids = tokenizer.encode(prompt, add_special=True, parse_special=True)
+    else:
+        vocab_size = tokenizer.vocab_size
+        bad = next((t for t in prompt if t >= vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} in prompt {index} is outside the vocabulary (size {vocab_size})", param=param
+            )
+        token_ids = list(prompt)
+    if not token_ids:
+        raise InvalidRequestError(f"prompt {index} is empty", param=param)
+    return token_ids
+
+
+def text_prompt(
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    context: Sequence[int] | None = None,
+) -> list[int]:
+    """One text prompt as a user turn after `system`, or as is with `raw`;
+    after `context` (the token ids of an earlier exchange) the conversation
+    goes on, without a second BOS in the middle."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    if context:
+        vocab_size = tokenizer.vocab_size
+        bad = next((t for t in context if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"context has token id {bad}, outside the vocabulary (size {vocab_size})", param="context"
+            )
+        text = prompt if raw else template.render(messages, add_generation_prompt=True)
+        return [*context, *tokenizer.encode(text, add_special=False, parse_special=True)]
+    if raw:
+        token_ids = encode_text(tokenizer, prompt)
+        if not token_ids:
+            raise InvalidRequestError("prompt 0 is empty", param="prompt")
+        return token_ids
+    return chat_prompt(template, tokenizer, messages)
