@@ -2,8 +2,8 @@
 Ray Data's actor pool instantiates once per actor.
 
 Each replica loads one engine with the chosen model (through the same
-`ModelOpener` as the single-machine run, so lines go through the endpoint
-handlers and our continuous-batching scheduler) and answers a Ray batch by
+`ModelOpener` as the single-machine run, so lines go through the serving
+layer and our continuous-batching scheduler) and answers a Ray batch by
 submitting all of its lines at once: the scheduler batches them into shared
 engine steps. The engine lives on an event loop in a thread of its own, so
 two Ray batches may be in flight on one actor and the next one fills the
