@@ -98,6 +98,7 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
         ctx_size=values["ctx_size"],
         threads=values["threads"],
         device=values["device"],
+        n_gpu_layers=values["n_gpu_layers"],
     )
     return asyncio.run(_run(args, settings))
 
@@ -139,6 +140,11 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
                 model=args.model,
                 progress=None if args.quiet else ReplicaProgress(sys.stderr),
             )
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        from localserve import cli
+
+        where = f": {exc.filename}" if exc.filename else ""
+        raise cli.CliError(f"{exc.strerror or exc}{where} (INPUT {args.input}, OUTPUT {args.output})") from None
     except BatchFileError as exc:
         for error in exc.validation.errors[:20]:
             where = f"line {error.line}: " if error.line else ""

@@ -187,6 +187,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("--cors-origin", "cors_origins", str, "extra browser origin allowed by CORS", "ORIGIN", repeat=True),
     Option("--max-body-bytes", "max_body_bytes", _int_at_least(1), "largest request body; larger gets 413", "N"),
+    Option(
+        "--body-timeout",
+        "body_timeout_s",
+        _non_negative,
+        "seconds a request body may send nothing before 408 and the connection closes; 0 = no limit",
+        "S",
+    ),
     Option("--aging", "aging_s", _non_negative, "seconds of waiting that raise a request by one priority level", "S"),
     Option(
         "--reserved-slots",
@@ -363,7 +370,7 @@ def check_port_free(host: str, port: int) -> None:
 
 # ---- run --------------------------------------------------------------------
 
-RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device"))
+RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device", "--n-gpu-layers"))
 
 
 # ---- main -------------------------------------------------------------------

@@ -46,6 +46,7 @@ class ServerSettings:
     allow_hosts: list[str] = field(default_factory=list)  # extra Host header names
     cors_origins: list[str] = field(default_factory=list)  # extra allowed origins
     max_body_bytes: int = 32 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body that sends nothing for this long gets 408; 0 = no limit
     aging_s: float = 30.0
     reserved_slots: int = -1  # slots of each model batch-priority work leaves free; -1: parallel // 8
     shutdown_timeout_s: float = 10.0

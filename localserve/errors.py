@@ -13,6 +13,8 @@ class LocalServeError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    #: The request's body was not read to its end: answer, then close the connection.
+    close_connection: bool = False
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -37,8 +39,38 @@ class InvalidRequestError(LocalServeError):
     type = "invalid_request_error"
 
 
+class NotUnicodeError(InvalidRequestError):
+    """Text that cannot be encoded as UTF-8: a lone UTF-16 surrogate, which
+    JSON's `\\ud800` escape can carry (and Python's argv holds for an
+    undecodable byte). The API refuses it at the edge, naming the field; the
+    tokenizers refuse it too, for every other way text reaches them."""
+
+    DEFAULT = (
+        "The text holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair, or a byte "
+        "that is not UTF-8), which is not valid Unicode. Send UTF-8 text."
+    )
+
+    def __init__(self, message: str = DEFAULT, *, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+
+
 class ContextLengthError(InvalidRequestError):
     code = "context_length_exceeded"
+
+
+class BodyReadError(InvalidRequestError):
+    """The request body could not be read (a `Content-Encoding` that does not decode, ...)."""
+
+    close_connection = True
+
+
+class RequestTimeoutError(LocalServeError):
+    """The client stopped sending its request body (see `--body-timeout`)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    close_connection = True
 
 
 class AuthenticationError(LocalServeError):

@@ -65,21 +65,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     values = cli.resolve_options(args, cli.RUN_OPTIONS, os.environ)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     settings = ServerSettings(
-        models=[args.model], parallel=1, ctx_size=values["ctx_size"], threads=values["threads"], device=values["device"]
+        models=[args.model],
+        parallel=1,
+        ctx_size=values["ctx_size"],
+        threads=values["threads"],
+        device=values["device"],
+        n_gpu_layers=values["n_gpu_layers"],
     )
     return asyncio.run(_generate(args, prompt, settings))
+
+
+def resolve_chat_model(text: str) -> Any:
+    """The spec of a model `run` can generate with; one line naming the chat
+    models for an unknown name, and the right route for an embeddings or
+    speech model."""
+    from localserve import cli
+    from localserve.config import DEFAULT_MODEL
+    from localserve.errors import ModelNotFoundError
+    from localserve.models.catalog import load_catalog
+    from localserve.models.oneshot import oneshot_kind
+    from localserve.models.registry import resolve
+
+    try:
+        spec = resolve(text)
+    except ModelNotFoundError as exc:
+        if not exc.message.startswith("unknown model"):
+            raise
+        chat_ids = ", ".join(sorted(i for i, entry in load_catalog().items() if not oneshot_kind(entry.labels)))
+        raise cli.CliError(
+            f"unknown model {text!r}: `run` takes a chat model: a catalog id ({chat_ids}), a .gguf path, ID=PATH, "
+            "or a name `localserve list` shows"
+        ) from None
+    kind = oneshot_kind(spec.labels)
+    if kind is not None:
+        route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
+        raise cli.CliError(
+            f"{spec.model_id!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} model; `run` generates text with a "
+            f"chat model (such as {DEFAULT_MODEL}). "
+            f"Serve it (`localserve serve --model {text}`) and use {route}"
+        )
+    return spec
 
 
 async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
     from localserve import cli
     from localserve.engine.engine import Engine
     from localserve.engine.types import SamplingParams
-    from localserve.models.registry import ModelManager, resolve
+    from localserve.models.registry import ModelManager
     from localserve.serving.completions import start_text
     from localserve.serving.models import LocalModels
     from localserve.serving.types import Options, TextRequest
 
-    spec = resolve(args.model)
+    spec = resolve_chat_model(args.model)
     engine = Engine()
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     request = TextRequest(

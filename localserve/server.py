@@ -1,17 +1,38 @@
-"""Run the HTTP server: `serve(settings)` is what `localserve serve` calls."""
+"""Run the HTTP server: `serve(settings)` is what `localserve serve` calls.
+
+The server runs until SIGINT or SIGTERM, then shuts down gracefully (see
+`api.app._drain`: the batch runner stops, requests in flight get up to
+`--shutdown-timeout` seconds). A second signal during that drain ends the
+requests still running at once, as the timeout would: streams get a last
+chunk with `finish_reason: "error"` and the error event, other requests a
+503; the server says so in one log line and exits as after the first.
+
+A model named at start-up that cannot load stops the server: `serve` raises
+`LocalServeError` with one line naming the model and the reason, so
+`localserve serve` exits with status 1 instead of serving without it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
 
 from aiohttp import web
 
-from localserve.api.app import create_app
+from localserve.api.app import STARTUP_MODELS_REQUIRED, create_app
+from localserve.api.http_edge import ApiRunner
+from localserve.api.state import MANAGER, STATE
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
+from localserve.errors import LocalServeError
 from localserve.models.registry import ModelManager, resolve
 
 log = logging.getLogger(__name__)
+
+KEEPALIVE_TIMEOUT_S = 75.0  # idle keep-alive connections close after this (aiohttp's run_app default)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def display_host(host: str) -> str:
@@ -32,22 +53,89 @@ def build_app(settings: ServerSettings) -> web.Application:
 
 def serve(settings: ServerSettings) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM), then stop generating and
-    close the models. Raises `LocalServeError` for a model that cannot be found."""
+    close the models. Raises `LocalServeError` for a model that cannot be
+    found or loaded, `OSError` for an address that cannot be bound."""
     app = build_app(settings)
-    url = f"http://{display_host(settings.host)}:{settings.port}"
-    models = ", ".join(settings.models) or "none"
+    app[STARTUP_MODELS_REQUIRED] = True
+    asyncio.run(_serve(app, settings))
 
-    def announce(_: str) -> None:
-        # run_app prints its own banner; one line of ours says what matters.
-        print(f"localserve listening on {url} (models: {models}; loading in the background, see {url}/health)")
 
-    web.run_app(
+async def _serve(app: web.Application, settings: ServerSettings) -> None:
+    runner = ApiRunner(
         app,
-        host=settings.host,
-        port=settings.port,
+        handle_signals=False,  # ours below: a second signal must not cut the drain short mid-chunk
         shutdown_timeout=settings.shutdown_timeout_s,
-        print=announce,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         # A client that disconnects cancels its handler, which aborts its
         # requests at the next step even while they wait in the queue.
         handler_cancellation=True,
     )
+    await runner.setup()  # starts the models loading in the background
+    stop = asyncio.Event()
+    signals = _SignalHandler(app, stop)
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        url = f"http://{display_host(settings.host)}:{settings.port}"
+        models = ", ".join(settings.models) or "none"
+        print(f"localserve listening on {url} (models: {models}; loading in the background, see {url}/health)")
+        signals.install()
+        failure = await _until_stopped(app, stop)
+    finally:
+        await runner.cleanup()  # the graceful drain; a second signal ends it at once
+        signals.remove()
+    if failure:
+        raise LocalServeError(failure)
+
+
+async def _until_stopped(app: web.Application, stop: asyncio.Event) -> str | None:
+    """Wait for a signal, or for a start-up model that fails to load; that
+    failure, as one line, or None."""
+    state = app[STATE]
+    waiter = asyncio.create_task(stop.wait())
+    if state.loader is not None:
+        await asyncio.wait({waiter, state.loader}, return_when=asyncio.FIRST_COMPLETED)
+    if state.load_errors:
+        name, reason = next(iter(state.load_errors.items()))
+        waiter.cancel()
+        return f"could not load model {name}: {reason}"
+    await waiter
+    return None
+
+
+class _SignalHandler:
+    """SIGINT/SIGTERM: the first starts the graceful shutdown, each later one
+    ends the requests still running at once."""
+
+    def __init__(self, app: web.Application, stop: asyncio.Event) -> None:
+        self.app, self.stop = app, stop
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task[int]] = set()
+
+    def install(self) -> None:
+        for sig in SIGNALS:
+            with contextlib.suppress(NotImplementedError):  # Windows: Ctrl-C raises KeyboardInterrupt instead
+                self.loop.add_signal_handler(sig, self.on_signal, sig)
+
+    def remove(self) -> None:
+        for sig in SIGNALS:
+            with contextlib.suppress(NotImplementedError):
+                self.loop.remove_signal_handler(sig)
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            log.info("%s: shutting down; requests in flight get up to the shutdown timeout", sig.name)
+            self.stop.set()
+            return
+        engine = self.app[MANAGER].engine
+        task = self.loop.create_task(engine.drain(0))  # the drain's own end, now: error events, 503s
+        self.tasks.add(task)
+        task.add_done_callback(lambda done: self._ended(done, sig))
+
+    def _ended(self, task: asyncio.Task[int], sig: signal.Signals) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            log.warning(
+                "%s again: ended the %d requests still running at once (streams got the error event); exiting",
+                sig.name,
+                task.result(),
+            )

@@ -141,6 +141,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_ALLOW_HOST": "box.lan,other",
         "LOCALSERVE_CORS_ORIGIN": "https://app.example",
         "LOCALSERVE_MAX_BODY_BYTES": "1000",
+        "LOCALSERVE_BODY_TIMEOUT": "12.5",
         "LOCALSERVE_AGING": "5",
         "LOCALSERVE_RESERVED_SLOTS": "3",
         "LOCALSERVE_SHUTDOWN_TIMEOUT": "2.5",
@@ -167,6 +168,7 @@ def test_every_option_reads_its_env_var() -> None:
         allow_hosts=["box.lan", "other"],
         cors_origins=["https://app.example"],
         max_body_bytes=1000,
+        body_timeout_s=12.5,
         aging_s=5.0,
         reserved_slots=3,
         shutdown_timeout_s=2.5,
@@ -271,6 +273,70 @@ def test_serve_port_in_use_is_one_line() -> None:
         port = sock.getsockname()[1]
         result = run_cli("serve", "--port", str(port))
     assert_one_line_error(result, f"port {port}", "--port")
+
+
+def _garbage_gguf(path: Path) -> Path:
+    """GGUF's magic and version, then a key length past any index: the header
+    reader's OverflowError, once a traceback."""
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                     + (2**63 + 5).to_bytes(8, "little") + b"garbage")  # fmt: skip
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_exits_1_with_one_line_when_a_startup_model_cannot_load(tmp_path: Path) -> None:
+    garbage = _garbage_gguf(tmp_path / "x.gguf")
+    result = run_cli("serve", "--model", str(garbage), "--port", str(_free_port()), timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result, "could not load model", str(garbage), "not a readable GGUF file")
+
+
+@pytest.mark.slow
+def test_serve_exits_1_when_the_gpu_asked_for_is_missing() -> None:
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp build offloads to a GPU: the request would succeed")
+    for flags in (["--device", "gpu"], ["--n-gpu-layers", "10"]):
+        result = run_cli("serve", *flags, "--port", str(_free_port()), timeout=180)
+        assert result.returncode == 1, (flags, result.stderr)
+        assert_one_line_error(result, f"could not load model {DEFAULT_MODEL}", "no GPU support")
+
+
+def test_run_and_batch_run_fail_in_one_line_on_a_damaged_gguf_or_a_missing_file(tmp_path: Path) -> None:
+    garbage = _garbage_gguf(tmp_path / "x.gguf")
+    assert_one_line_error(run_cli("run", str(garbage), "hi"), "not a readable GGUF file")
+    missing = run_cli("batch", "run", str(tmp_path / "nofile.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--quiet")
+    assert_one_line_error(missing, "No such file or directory", "nofile.jsonl")
+
+
+def test_run_wants_a_chat_model() -> None:
+    embeddings = run_cli("run", "all-minilm-l6-v2", "hi")
+    assert_one_line_error(embeddings, "'all-minilm-l6-v2' is an embeddings model", DEFAULT_MODEL, "/v1/embeddings")
+    unknown = run_cli("run", "no-such-model", "hi")
+    assert_one_line_error(unknown, "unknown model 'no-such-model'", "chat model", DEFAULT_MODEL)
+    assert "all-minilm" not in unknown.stderr and "whisper" not in unknown.stderr  # not ids `run` could use
+
+
+def test_run_and_batch_run_take_the_gpu_options_their_hints_name(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["run", "--help"], ["batch", "run", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert "--device" in out and "--n-gpu-layers" in out
+
+
+@pytest.mark.slow
+def test_run_with_bytes_that_are_not_utf8_is_one_line() -> None:
+    """A byte that is not UTF-8 reaches Python's argv as a lone surrogate (\udcff),
+    which the tokenizer cannot encode: a one-line error, not a traceback."""
+    result = run_cli("run", DEFAULT_MODEL, b"caf\xff".decode("utf-8", "surrogateescape"), "--max-tokens", "1")
+    assert_one_line_error(result, "lone UTF-16 surrogate")
 
 
 # ---- list -----------------------------------------------------------------------

@@ -5,10 +5,11 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
 * `GET  models`, `GET models/{id}`, `POST chat/completions`, `POST completions`
 * `GET  /health` - 503 `{"status": "loading"}` until the start-up models are
   loaded, then 200 `{"status": "ok"}`; 503 `{"status": "error"}` if one failed
+  (`localserve serve` exits instead: see `server.py`)
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
   answer's `id`, also sent as the `X-Request-Id` header)
 * `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.openapi`;
-  no API key needed, like /health)
+  behind the API key like every route but /health)
 * Ollama's dialect (`api.ollama`), llama.cpp's `/infill` (`api.infill`),
   Prometheus `/metrics` (`api.metrics`)
 """
@@ -23,11 +24,23 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api import audio, batches, debug, embeddings, infill, metrics, models_admin, ollama, openapi
+from localserve.api import (
+    audio,
+    batches,
+    debug,
+    embeddings,
+    infill,
+    messages,
+    metrics,
+    models_admin,
+    ollama,
+    openapi,
+    responses,
+)
 from localserve.api.batch_service import JOBS
 from localserve.api.chat import chat_completions
 from localserve.api.completions import completions
-from localserve.api.middleware import auth_middleware, error_middleware
+from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
 from localserve.api.schemas import MAX_CHOICES, MAX_PROMPTS
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
 from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState, engine_of, require_model
@@ -41,6 +54,10 @@ from localserve.serving.generation import request_ids
 log = logging.getLogger(__name__)
 
 API_PREFIXES = ("/v1", "/api/v1")
+#: Set by `localserve serve`: a start-up model that fails to load stops the
+#: loading (the server then exits with that one line); unset, the server
+#: goes on without it and /health says why.
+STARTUP_MODELS_REQUIRED = web.AppKey("startup_models_required", bool)
 
 
 def create_app(settings: ServerSettings, manager: ModelManager) -> web.Application:
@@ -51,7 +68,9 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
         middlewares=[
             metrics.metrics_middleware,  # outermost: counts every answer with its final status
             error_middleware,  # whatever fails below becomes an envelope
+            body_timeout_middleware(settings.body_timeout_s),  # 408 for a body that stops arriving
             ollama.ollama_error_middleware,  # ... or Ollama's {"error": "..."} on its routes
+            messages.anthropic_error_middleware,  # ... or Anthropic's {"type": "error", ...} on /v1/messages
             host_middleware(settings),
             cors_middleware(settings),  # before auth: preflights carry no key
             auth_middleware(settings.api_key),
@@ -75,11 +94,13 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
     embeddings.register(app)  # /v1/embeddings
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
     batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)
+    responses.register(app)  # /v1/responses (OpenAI's Responses API, stateless)
+    messages.register(app)  # /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
     ollama.register(app)  # /, /api/tags, /api/chat, /api/generate, /api/embed, ... (Ollama's dialect)
     infill.register(app)  # /infill (llama.cpp's fill-in-the-middle)
     metrics.register(app)  # /metrics (Prometheus)
     debug.register(app)  # /api/v1/debug/fault, only with LOCALSERVE_ENABLE_FAULTS=1 (tests)
-    openapi.register(app)  # /openapi.json: every route of the router, no API key needed
+    openapi.register(app)  # /openapi.json: every route of the router
     return app
 
 
@@ -118,17 +139,21 @@ async def _drain(app: web.Application) -> None:
 
 async def _load_models(app: web.Application) -> None:
     manager, state = app[MANAGER], app[STATE]
+    required = app.get(STARTUP_MODELS_REQUIRED, False)
     for name in app[SETTINGS].models:
         try:
             loaded = await manager.load(resolve(name))
         except LocalServeError as exc:
             state.load_errors[name] = exc.message
-            log.error("could not load model %s: %s", name, exc.message)
-        except Exception as exc:  # a bug or a native failure: report it, keep serving the rest
-            state.load_errors[name] = str(exc)
-            log.exception("could not load model %s", name)
+        except Exception as exc:  # a bug or a native failure: one line here, the traceback at debug level
+            state.load_errors[name] = f"{type(exc).__name__}: {exc}"
+            log.debug("loading %s failed", name, exc_info=True)
         else:
             log.info("model %s ready (%s, %.1f s)", loaded.spec.model_id, loaded.spec.path, loaded.load_seconds)
+            continue
+        if required:
+            return  # `serve` reports it and exits; the other models need not load
+        log.error("could not load model %s: %s", name, state.load_errors[name])
 
 
 # ---- handlers ----------------------------------------------------------------------

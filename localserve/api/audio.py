@@ -37,6 +37,7 @@ class SpeechForm:
 
     file: bytes = b""
     filename: str = ""
+    has_file: bool = False  # a 'file' part came, perhaps empty
     fields: dict[str, str] = field(default_factory=dict)
     granularities: list[str] = field(default_factory=list)
 
@@ -68,8 +69,11 @@ async def _speech(request: web.Request, *, task: str) -> web.StreamResponse:
     model_id = form.text("model")
     if model_id is None:
         raise InvalidRequestError("Missing required parameter: 'model'.", param="model")
-    if not form.file:
+    if not form.has_file:
         raise InvalidRequestError("Missing required parameter: 'file' (the audio, as a multipart file).", param="file")
+    if not form.file:
+        name = f" {form.filename!r}" if form.filename else ""
+        raise InvalidRequestError(f"The audio file{name} is empty (0 bytes); send a recording.", param="file")
     fmt = form.text("response_format", "json")
     if fmt not in RESPONSE_FORMATS:
         raise InvalidRequestError(
@@ -124,7 +128,7 @@ async def _read_part(part: BodyPartReader, form: SpeechForm, max_file_bytes: int
                 )
             raise InvalidRequestError(f"The form field {name!r} is longer than {MAX_FIELD_BYTES} bytes.", param=name)
     if name == "file":
-        form.file, form.filename = bytes(data), part.filename or ""
+        form.file, form.filename, form.has_file = bytes(data), part.filename or "", True
     elif name in ("timestamp_granularities[]", "timestamp_granularities"):
         form.granularities.append(data.decode("utf-8", errors="replace").strip())
     else:

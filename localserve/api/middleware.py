@@ -7,8 +7,16 @@
 * aiohttp's HTTP errors (unknown route 404, wrong method 405, body too large
   413, ...) -> the same status in the envelope;
 * a malformed body that aiohttp finds while the handler reads it (multipart
-  part headers, ...) -> 400;
+  part headers, a `Content-Encoding` that does not decode, ...) -> 400, and
+  the connection closes after the answer (the rest of the body is unread);
+* a body that stops arriving (`body_timeout_middleware`) -> 408, same;
 * anything else -> 500, logged with its traceback; the server goes on.
+
+`parse_body` reads and validates a JSON body; text that cannot be encoded
+(a lone UTF-16 surrogate such as `"\\ud800"`, valid JSON but not Unicode)
+is a 400 naming the field, for every route and every Batch API line.
+Requests too malformed to reach the app at all are answered by
+`api.http_edge`.
 """
 
 from __future__ import annotations
@@ -26,13 +34,16 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from localserve.api.state import SETTINGS
+from localserve.api.unicode_text import SURROGATE_ESCAPE, check_unicode
 from localserve.errors import (
     AuthenticationError,
+    BodyReadError,
     InvalidRequestError,
     LocalServeError,
     NotFoundError,
     PayloadTooLargeError,
     QueueFullError,
+    RequestTimeoutError,
 )
 
 log = logging.getLogger(__name__)
@@ -40,8 +51,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: Routes that answer without an API key (liveness probes, the API's own description).
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+#: Routes that answer without an API key: the liveness probe only.
+PUBLIC_PATHS = frozenset({"/health"})
 
 # pydantic names the members of a union in an error's location ("str",
 # "list[str]", "function-after[...]"); they are not part of the field path.
@@ -51,6 +62,8 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|none|dict|list|bytes)$|[\[\-]")
 def error_response(exc: LocalServeError) -> web.Response:
     """The OpenAI error envelope for `exc`, with its status."""
     response = web.json_response(exc.envelope(), status=exc.status)
+    if exc.close_connection:  # the rest of the body is unread: the connection cannot carry another request
+        response.force_close()
     if isinstance(exc, QueueFullError):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     elif exc.status == 503:  # loading or restarting: worth a retry soon
@@ -116,6 +129,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except HttpProcessingError as exc:  # a malformed body read late, e.g. a multipart part's headers
         return error_response(InvalidRequestError(f"The request body is malformed: {exc.message}"))
+    except web.RequestPayloadError as exc:  # the body itself did not decode (gzip that is not gzip, ...)
+        return error_response(body_read_error(exc))
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client went away: nobody to answer
     except Exception:
@@ -125,7 +140,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Require `Authorization: Bearer <api_key>` on every route but /health."""
+    """Require `Authorization: Bearer <api_key>` (or `x-api-key: <api_key>`,
+    as Anthropic's clients send it) on every route but /health."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -133,9 +149,12 @@ def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamRe
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if not header:
+        if not header and "x-api-key" in request.headers:
+            scheme, token = "bearer", request.headers["x-api-key"]
+        elif not header:
             raise AuthenticationError(
-                "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'."
+                "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY' "
+                "(or as 'x-api-key: YOUR_KEY')."
             )
         # Constant-time comparison: the key must not leak through timing.
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
@@ -145,9 +164,69 @@ def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamRe
     return middleware
 
 
+def body_read_error(exc: web.RequestPayloadError) -> BodyReadError:
+    """aiohttp's "400, message: ..." of a body that did not decode, as our 400."""
+    detail = (str(exc).removeprefix("400, message:").strip().splitlines() or ["undecodable bytes"])[0]
+    return BodyReadError(f"The request body could not be read: {detail}")
+
+
+def body_timeout_middleware(timeout_s: float) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """408 for a request body that stops arriving: no byte for `timeout_s`
+    seconds while the handler waits for it (a client that declared a longer
+    Content-Length than it sends would otherwise hold its connection, and
+    the memory of what it sent, for good). 0 turns the limit off."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not timeout_s or not request.body_exists or request.content.is_eof():
+            return await handler(request)
+        watchdog = _BodyWatchdog(request.content, timeout_s)
+        try:
+            return await handler(request)
+        finally:
+            watchdog.cancel()
+
+    return middleware
+
+
+class _BodyWatchdog:
+    """Checks a body's progress every `timeout_s / 4` seconds; when nothing
+    arrived for `timeout_s`, the reader's pending and later reads raise
+    `RequestTimeoutError` (the handler answers 408 and the connection closes)."""
+
+    def __init__(self, reader: Any, timeout_s: float) -> None:
+        self.reader, self.timeout_s = reader, timeout_s
+        self.loop = asyncio.get_running_loop()
+        self.num_bytes, self.last_progress = reader.total_raw_bytes, self.loop.time()
+        self.handle = self.loop.call_later(timeout_s / 4, self.check)
+
+    def check(self) -> None:
+        if self.reader.is_eof() or self.reader.exception() is not None:
+            return  # all there, or failed for another reason: nothing to watch
+        now = self.loop.time()
+        if self.reader.total_raw_bytes != self.num_bytes:
+            self.num_bytes, self.last_progress = self.reader.total_raw_bytes, now
+        elif now - self.last_progress >= self.timeout_s:
+            self.reader.set_exception(
+                RequestTimeoutError(
+                    f"The request body stopped arriving: no data for {self.timeout_s:g} s after "
+                    f"{self.num_bytes} bytes. Send the whole body, as many bytes as Content-Length says."
+                )
+            )
+            return
+        self.handle = self.loop.call_later(self.timeout_s / 4, self.check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+
 async def parse_body(request: web.Request, model: type[M]) -> M:
-    """Read and validate a JSON body (400 for bad JSON, 413 for too big)."""
-    raw = await request.read()
+    """Read and validate a JSON body (400 for bad JSON or text that is not
+    Unicode, 413 for too big, 408 for a body that stops arriving)."""
+    try:
+        raw = await request.read()
+    except web.RequestPayloadError as exc:
+        raise body_read_error(exc) from None
     if not raw.strip():
         raise InvalidRequestError("The request body is empty; send a JSON object.")
     try:
@@ -158,4 +237,6 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
         ) from None
     if not isinstance(data, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
+    if SURROGATE_ESCAPE.search(raw) or b"\0" in raw:  # only an escape (or UTF-16/32 JSON) can hold one
+        check_unicode(data)
     return model.model_validate(data)

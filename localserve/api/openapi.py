@@ -16,9 +16,9 @@ Every error status is documented with the error envelope: OpenAI's
 `{"error": {"message", "type", "param", "code"}}`, Ollama's `{"error": "..."}`
 on Ollama's routes; a 503 always carries `Retry-After`.
 
-Like `/health`, the document is served without an API key (it holds no
-secret and clients need it to find their way); the Host and CORS checks
-apply as everywhere.
+With `--api-key`, the document needs the key like every route but
+`/health` (it lists the server's routes and models' schemas); the Host and
+CORS checks apply as everywhere.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from localserve.api.state import SETTINGS
 
 OPENAPI_PATH = "/openapi.json"
 REF_TEMPLATE = "#/components/schemas/{model}"
-ERROR_STATUSES = ("400", "401", "403", "404", "413", "500", "503")
+ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "500", "503")
 SKIPPED_METHODS = frozenset({"HEAD", "OPTIONS", "*"})
 
 _PARSE_BODY = re.compile(r"parse_body\(\s*request\s*,\s*([A-Za-z_][\w.]*)\s*\)")

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from localserve.api.unicode_text import check_unicode
 from localserve.engine.types import parse_priority
 
 MAX_STOP = 16
@@ -121,6 +122,14 @@ class ChatMessage(_Model):
         _text_of(value)  # raise early, with the field path in the error
         return value
 
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        # As OpenAI: only an assistant message that calls tools may leave out its content.
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            needs = "a 'content' (or 'tool_calls')" if self.role == "assistant" else "a 'content'"
+            raise ValueError(f"a message of role '{self.role}' needs {needs}")
+        return self
+
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it (plain string content)."""
         # Templates know "system"; OpenAI's newer "developer" role means the same.
@@ -137,6 +146,13 @@ class ChatMessage(_Model):
 
 class SamplingFields(_Model):
     """Parameters shared by chat and legacy completions."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # Over HTTP parse_body has checked already; a Batch API line is validated here alone.
+        check_unicode(data)  # NotUnicodeError (400, naming the field) passes through pydantic as is
+        return data
 
     model: str = Field(min_length=1)
     stream: bool = False

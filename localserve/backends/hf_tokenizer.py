@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localserve.backends.base import Tokenizer
-from localserve.errors import LocalServeError
+from localserve.errors import LocalServeError, NotUnicodeError
 
 #: Special tokens that end a turn in the common chat formats; counted as
 #: end-of-generation when the vocabulary has them (llama.cpp does the same).
@@ -98,7 +98,14 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         raw = self._raw if parse_special else self._raw_literal
-        ids = list(raw.encode(text, add_special_tokens=add_special).ids)
+        try:
+            ids = list(raw.encode(text, add_special_tokens=add_special).ids)
+        except TypeError:  # how `tokenizers` refuses a str that is not UTF-8 (a lone surrogate)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise NotUnicodeError() from None
+            raise
         bos = self.bos_token_id
         if add_special and self.add_bos and bos >= 0 and (not ids or ids[0] != bos):
             ids.insert(0, bos)  # tokenizer.json without a post-processor

@@ -8,6 +8,7 @@ from functools import cached_property
 import llama_cpp
 
 from localserve.backends.base import Tokenizer
+from localserve.errors import NotUnicodeError
 
 
 class LlamaTokenizer(Tokenizer):
@@ -29,7 +30,10 @@ class LlamaTokenizer(Tokenizer):
         return self._n_vocab
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the client's text, not a server fault
+            raise NotUnicodeError() from None
         capacity = len(data) + 8
         while True:
             tokens = (llama_cpp.llama_token * capacity)()

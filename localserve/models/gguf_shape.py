@@ -27,6 +27,12 @@ _SCALARS = {
 }  # fmt: skip
 _U64 = struct.Struct("<Q")
 _MAX_KEPT_ARRAY = 4096  # per-layer arrays are kept; vocabularies and merges are only counted
+# What a damaged or hostile header makes the reader raise: a length past the end
+# or past any index (OverflowError), a bad type code or an empty file (mmap's
+# ValueError), arrays nested without end, a count of the wrong type.
+_DAMAGED_HEADER = (
+    struct.error, ValueError, KeyError, IndexError, OverflowError, MemoryError, RecursionError, TypeError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +65,26 @@ def read_gguf_shape(path: str | Path) -> GgufShape:
     """The model's shape from its GGUF header; 400 with the reason if the
     file is not a GGUF model llama.cpp could size."""
     path = Path(path)
+    try:
+        fields, tensors = _read_header(path)
+        return _shape(path, fields, tensors)
+    except _DAMAGED_HEADER as exc:
+        raise InvalidRequestError(f"{path} is not a readable GGUF file: {exc or type(exc).__name__}") from None
+
+
+def read_gguf_fields(path: str | Path) -> dict[str, Any]:
+    """The header's key/value fields (a long array stands for its length);
+    400 if the file is not a readable GGUF."""
+    path = Path(path)
+    try:
+        return _read_header(path)[0]
+    except _DAMAGED_HEADER as exc:
+        raise InvalidRequestError(f"{path} is not a readable GGUF file: {exc or type(exc).__name__}") from None
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        try:
-            fields, tensors = _Header(data).read()
-        except (struct.error, ValueError, KeyError, IndexError) as exc:
-            raise InvalidRequestError(f"{path} is not a readable GGUF file: {exc}") from None
-    return _shape(path, fields, tensors)
+        return _Header(data).read()
 
 
 def _shape(path: Path, fields: dict[str, Any], tensors: dict[str, int]) -> GgufShape:

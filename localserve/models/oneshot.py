@@ -74,6 +74,8 @@ def gguf_architecture(path: Path) -> str | None:
             if magic != b"GGUF" or n_kv == 0:
                 return None
             (key_len,) = struct.unpack("<Q", f.read(8))
+            if key_len != len(b"general.architecture"):  # also: never read a damaged file's huge length
+                return None
             key = f.read(key_len)
             (value_type,) = struct.unpack("<I", f.read(4))
             if key != b"general.architecture" or value_type != 8:  # 8: string

@@ -12,6 +12,7 @@ import numpy as np
 
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import InvalidRequestError
+from localserve.models.matryoshka import dimensions_resize
 from localserve.models.oneshot import EMBEDDINGS
 from localserve.serving.models import ModelHost, hold_oneshot_model
 
@@ -28,7 +29,7 @@ class Embedder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingsRequest:
-    """One vector per input; `dimensions`, if given, must be the model's own."""
+    """One vector per input; `dimensions` shortens them (Matryoshka-trained models only)."""
 
     model: str
     inputs: tuple[str | tuple[int, ...], ...]
@@ -50,13 +51,12 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
     """Tokenize (off the event loop), check, and run on the model's batcher."""
     model = await hold_oneshot_model(host, request.model, EMBEDDINGS)
     backend: Embedder = model.backend  # type: ignore[assignment]
-    if request.dimensions is not None and request.dimensions != backend.n_embd:
-        raise InvalidRequestError(
-            f"model {request.model!r} does not support 'dimensions' other than its own {backend.n_embd}",
-            param="dimensions",
-        )
+    # Shorter vectors only from Matryoshka-trained models (models/matryoshka.py); 400 otherwise.
+    resize = dimensions_resize(request.model, model.spec.path, backend.n_embd, request.dimensions)
     items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param)
     vectors = await model.batcher.submit(items, priority=request.priority)
+    if resize is not None:
+        vectors = [resize(vector) for vector in vectors]
     return Embeddings(request.model, list(vectors), sum(len(item) for item in items))
 
 

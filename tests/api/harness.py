@@ -17,6 +17,7 @@ import httpx
 from aiohttp import web
 
 from localserve.api.app import create_app
+from localserve.api.http_edge import ApiRunner
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.models.registry import ModelManager
@@ -65,7 +66,7 @@ class ServerThread:
         self.engine = Engine(EngineConfig(max_queue=self.settings.max_queue))
         self.manager = self._manager_factory(self.engine, self.settings)
         self.app = create_app(self.settings, self.manager)
-        self.runner = web.AppRunner(self.app, handler_cancellation=True)
+        self.runner = ApiRunner(self.app, handler_cancellation=True)  # as `localserve serve` runs it
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.settings.host, 0)
         await site.start()

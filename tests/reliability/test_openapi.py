@@ -40,8 +40,9 @@ def _schema_of(doc: dict[str, Any], path: str, method: str = "post") -> dict[str
 # ---- the document ---------------------------------------------------------------------
 
 
-def test_openapi_is_served_without_a_key_and_lists_every_route(server: ServerThread) -> None:
-    response = httpx.get(f"{server.base_url}/openapi.json", timeout=30)  # no Authorization header
+def test_openapi_needs_the_key_and_lists_every_route(server: ServerThread) -> None:
+    assert httpx.get(f"{server.base_url}/openapi.json", timeout=30).status_code == 401  # like every route but /health
+    response = httpx.get(f"{server.base_url}/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
     assert response.status_code == 200, response.text
     doc = response.json()
     assert doc["openapi"].startswith("3.1")
@@ -54,10 +55,10 @@ def test_openapi_is_served_without_a_key_and_lists_every_route(server: ServerThr
             assert (route.method, route.resource.canonical) in documented
     for must in [("POST", "/v1/chat/completions"), ("GET", "/health"), ("POST", "/v1/audio/transcriptions")]:
         assert must in documented
-    # The API key is documented and required everywhere but the public routes.
+    # The API key is documented and required everywhere but /health.
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/health"]["get"]["security"] == []
-    assert doc["paths"]["/openapi.json"]["get"]["security"] == []
+    assert "security" not in doc["paths"]["/openapi.json"]["get"]
     assert httpx.get(f"{server.base_url}/v1/models", timeout=30).status_code == 401
 
 
@@ -84,7 +85,7 @@ def test_errors_are_documented_with_the_envelope(server: ServerThread) -> None:
     doc = build_document(server.app)
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
-            for status in ("400", "401", "404", "500", "503"):
+            for status in ("400", "401", "404", "408", "500", "503"):
                 assert status in op["responses"], (method, path, status)
             schema = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
             expected = (
