@@ -199,7 +199,8 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "--reserved-slots",
         "reserved_slots",
         _int_at_least(-1),
-        "slots per model that batch-priority work leaves free for interactive requests (-1 = parallel/8)",
+        "slots per model that are interactive requests' first claim: batch-priority work uses them only while "
+        "it runs alone and gives one back at the next step when needed (-1 = parallel/8)",
         "N",
     ),
     Option("--shutdown-timeout", "shutdown_timeout_s", _non_negative, "seconds to let requests finish on exit", "S"),

@@ -48,7 +48,7 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024
     body_timeout_s: float = 30.0  # a request body that sends nothing for this long gets 408; 0 = no limit
     aging_s: float = 30.0
-    reserved_slots: int = -1  # slots of each model batch-priority work leaves free; -1: parallel // 8
+    reserved_slots: int = -1  # slots of each model that are interactive work's first claim; -1: parallel // 8
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400
