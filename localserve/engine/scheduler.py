@@ -208,16 +208,18 @@ class Scheduler:
                 self._schedule_running(seq, plan)
         others_decoding = any(not self._is_batch(s) for s in plan.scheduled)
         gate = self.policy.gate(plan.num_tokens, plan.num_seqs, others_decoding=others_decoding)
-        # Running batch decodes go before new batch prompt work: room is kept for
-        # them, unless another request's prompt is due (they would sit out its step).
+        # Running batch decodes go before new batch prompt work, so room is kept
+        # for them; not when another request's prompt is due (they would sit out
+        # its step), unless that prompt then finds no slot.
+        prompt_due = any(not self._is_batch(s) for s in itertools.chain(prompt_work, self._waiting))
         num_kept = 0
-        if not any(not self._is_batch(s) for s in itertools.chain(prompt_work, self._waiting)):
+        if not prompt_due:
             num_kept = min(gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes)), plan.budget)
         plan.budget -= num_kept
         others_prompting = self._schedule_prompt_work(prompt_work, plan, gate, num_kept)
         plan.budget += num_kept
         if not others_prompting:
-            if not num_kept:
+            if prompt_due:
                 num_kept = gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes))
             self._schedule_batch_decodes(batch_decodes, plan, num_kept)
         self._record_policy_step(plan)
