@@ -1,43 +1,62 @@
-"""Throughput of one-shot models through the micro-batcher, batching on vs off.
+"""One-shot models through the micro-batcher, batching on vs off.
 
-Clients (1, 8, 32 at once) each send single-input requests until a shared
-pool is used up; `on` is the server's batching (see models/oneshot.py),
-`off` is the same batcher with max_batch_size=1. A second table shows the
-padding ratio (padded slots / real tokens or audio frames) a padded backend
-computed, with length grouping on vs off, at 32 clients.
+Clients (1 and 32 at once by default) each send single-input requests until
+a shared pool is used up; `on` is the server's batching (models/oneshot.py),
+`off` the same batcher with max_batch_size=1. Each backend is opened as the
+server opens it (models/oneshot.py), so the conversions and settings are the
+served ones:
 
-* embeddings: all-MiniLM-L6-v2 as GGUF on llama.cpp (padding-free: it packs
-  sequences) and as ONNX on ONNX Runtime (padded rectangles); texts of 2 to
-  120 words.
-* speech: faster-whisper tiny.en (int8) on espeak-ng sentences of 1 to 12 s,
-  decoded and cut as the API does (PyAV, VAD) on worker threads.
+* embeddings: all-MiniLM-L6-v2 on ONNX Runtime (`all-minilm-l6-v2-onnx`,
+  padded rectangles) and on llama.cpp (`all-minilm-l6-v2-gguf`, padding-free);
+  the row of the backend `all-minilm-l6-v2` itself picks here says
+  "(default)". Texts of 2 to 120 words.
+* speech (`--speech`): faster-whisper tiny.en on espeak-ng sentences of 1
+  to 12 s, decoded and cut as the API does (PyAV, VAD) on worker threads;
+  `--device gpu` runs it on a GPU where CTranslate2 has CUDA.
 
-    python bench/oneshot_bench.py [--threads N] [--texts 256] [--clips 32] [--skip-asr]
+A second table shows the padding ratio (padded slots / real tokens or audio
+frames) a padded backend computed at 32 clients, length grouping off vs on.
+
+Figures are only worth recording on a quiet machine: every cell first waits
+until the 1-minute load average is below `--max-load` (the bench's own
+previous cell raises it) and records it; a machine that stays busy ends the
+run without figures, unless `--allow-busy`, which marks every such cell BUSY.
+Each cell also records the CPU that other processes used while it ran.
+
+    python bench/oneshot_bench.py [--threads 2] [--texts 256] [--clients 1,32] [--speech] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.compare_servers import wait_for_quiet  # noqa: E402
 from localserve.backends.base import OneShotBackend  # noqa: E402
+from localserve.config import ServerSettings  # noqa: E402
 from localserve.engine.batcher import Batcher, BatcherConfig  # noqa: E402
-from localserve.models.oneshot import BATCHING, EMBEDDINGS, TRANSCRIPTION  # noqa: E402
+from localserve.models.oneshot import BATCHING, EMBEDDINGS, TRANSCRIPTION, open_oneshot  # noqa: E402
 from localserve.models.registry import resolve  # noqa: E402
 
-CONCURRENCY = (1, 8, 32)
+DEFAULT_ID = "all-minilm-l6-v2"
+EMBEDDING_IDS = {"onnx": ("all-minilm-l6-v2-onnx", "ONNX Runtime"), "gguf": ("all-minilm-l6-v2-gguf", "llama.cpp GGUF")}
+KEY_OF = {"onnx": "onnx", "gguf": "gguf", "llamacpp": "gguf"}  # --backends names and backend names -> EMBEDDING_IDS
 VOCAB = [
     "the",
     "a",
@@ -72,16 +91,36 @@ SPEECH = [
 @dataclass(slots=True)
 class Cell:
     items_per_s: float
-    cpu_ms_per_item: float  # this process's CPU time: fair even when other processes load the machine
+    cpu_ms_per_item: float  # this process's CPU time per item
     mean_batch: float
-    p50_latency_s: float
+    p50_latency_ms: float
     padding_ratio: float
+    load_before: float  # 1-minute load average when the cell started
+    others_cores: float  # CPU other processes used during the cell, in cores
+    busy: bool  # started above --max-load (only with --allow-busy)
 
 
-async def drive(
-    batcher: Batcher, jobs: list, run_one: Callable[[Batcher, object], Awaitable[None]], clients: int
-) -> Cell:  # type: ignore[type-arg]
-    """`clients` tasks take jobs from a shared pool until it is empty."""
+@dataclass(slots=True)
+class Bench:
+    """The run's settings and every cell measured, for the JSON record."""
+
+    max_load: float
+    allow_busy: bool
+    max_wait_quiet_s: float
+    cells: list[dict[str, Any]]
+
+    def quiet(self) -> tuple[float, bool]:
+        """(load average, busy) once the machine is quiet enough for a cell."""
+        if self.allow_busy:
+            load = os.getloadavg()[0]
+            if load >= self.max_load:
+                print(f"!!! BUSY: load average {load:.2f} >= {self.max_load}; this cell is no figure", file=sys.stderr)
+            return load, load >= self.max_load
+        return wait_for_quiet(self.max_wait_quiet_s, self.max_load), False
+
+
+async def drive(batcher: Batcher, jobs: list, run_one: Callable[[Batcher, Any], Awaitable[None]], clients: int):  # type: ignore[no-untyped-def,type-arg]
+    """`clients` tasks take jobs from a shared pool until it is empty: (seconds, latencies)."""
     pool = list(reversed(jobs))
     latencies: list[float] = []
 
@@ -92,28 +131,45 @@ async def drive(
             await run_one(batcher, job)
             latencies.append(time.monotonic() - started)
 
-    started, cpu_started = time.monotonic(), time.process_time()
+    started = time.monotonic()
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_started
+    return time.monotonic() - started, latencies
+
+
+async def measure(
+    bench: Bench, backend: OneShotBackend, config: BatcherConfig, jobs: list, run_one, clients: int
+) -> Cell:  # type: ignore[no-untyped-def,type-arg]
+    warm = Batcher("warm-up", backend, config)  # graphs, caches, thread pools
+    try:
+        await drive(warm, jobs[: min(4, len(jobs))], run_one, 4)
+    finally:
+        await asyncio.to_thread(warm.close)
+    load, busy = await asyncio.to_thread(bench.quiet)
+    batcher = Batcher("bench", backend, config)
+    me = psutil.Process()
+    try:
+        cpu0, own0 = psutil.cpu_times(), me.cpu_times()
+        elapsed, latencies = await drive(batcher, jobs, run_one, clients)
+        cpu1, own1 = psutil.cpu_times(), me.cpu_times()
+    finally:
+        await asyncio.to_thread(batcher.close)
+    own = (own1.user + own1.system) - (own0.user + own0.system)
     stats = batcher.stats()
     return Cell(
-        len(jobs) / elapsed,
-        1000 * cpu / len(jobs),
-        stats["mean_batch_size"],
-        statistics.median(latencies),
-        stats["padding_ratio"],
+        items_per_s=len(jobs) / elapsed,
+        cpu_ms_per_item=1000 * own / len(jobs),
+        mean_batch=stats["mean_batch_size"],
+        p50_latency_ms=1000 * statistics.median(latencies),
+        padding_ratio=stats["padding_ratio"],
+        load_before=load,
+        others_cores=max(0.0, (_busy_s(cpu1) - _busy_s(cpu0) - own) / elapsed),
+        busy=busy,
     )
 
 
-async def measure(backend: OneShotBackend, config: BatcherConfig, jobs: list, run_one, clients: int) -> Cell:  # type: ignore[no-untyped-def,type-arg]
-    batcher = Batcher("bench", backend, config)
-    try:
-        await drive(batcher, jobs[: min(4, len(jobs))], run_one, 4)  # warm up (graphs, caches)
-        batcher.close()
-        batcher = Batcher("bench", backend, config)
-        return await drive(batcher, jobs, run_one, clients)
-    finally:
-        await asyncio.to_thread(batcher.close)
+def _busy_s(times: Any) -> float:
+    """CPU seconds all processes spent, from psutil's system-wide times (guest time is inside user)."""
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 # ---- workloads ------------------------------------------------------------------------
@@ -149,104 +205,127 @@ def transcribe_one(backend):  # type: ignore[no-untyped-def]
 
 # ---- tables --------------------------------------------------------------------------------
 
+THROUGHPUT_HEADER = [
+    "| backend | clients | off items/s | on items/s | on / off | p50 latency ms off / on | mean batch (on) "
+    "| CPU ms/item off / on | load avg before off / on | others' cores off / on |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+PADDING_HEADER = [
+    "| backend | padding, grouping off | padding, grouping on | items/s off / on | mean batch off / on |",
+    "|---|---:|---:|---:|---:|",
+]
 
-def throughput_table(name: str, unit: str, backend, jobs, run_one, base: BatcherConfig) -> list[str]:  # type: ignore[no-untyped-def]
+
+def throughput_rows(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig, clients: list[int]):  # type: ignore[no-untyped-def]
     rows = []
-    for clients in CONCURRENCY:
-        cells = {}
-        for mode, config in (("off", replace(base, max_batch_size=1)), ("on", base)):
-            cells[mode] = asyncio.run(measure(backend, config, jobs, run_one, clients))
-        on, off = cells["on"], cells["off"]
+    for n in clients:
+        off = asyncio.run(measure(bench, backend, replace(base, max_batch_size=1), jobs, run_one, n))
+        on = asyncio.run(measure(bench, backend, base, jobs, run_one, n))
+        for mode, cell in (("off", off), ("on", on)):
+            bench.cells.append({"table": "throughput", "backend": name, "clients": n, "batching": mode, **asdict(cell)})
+        flag = " **BUSY**" if off.busy or on.busy else ""
         rows.append(
-            f"| {name} | {clients} | {off.items_per_s:.1f} | {on.items_per_s:.1f} | {on.items_per_s / off.items_per_s:.2f}x "
-            f"| {off.cpu_ms_per_item:.0f} / {on.cpu_ms_per_item:.0f} | {on.mean_batch:.1f} "
-            f"| {off.p50_latency_s * 1000:.0f} / {on.p50_latency_s * 1000:.0f} |"
+            f"| {name}{flag} | {n} | {off.items_per_s:.1f} | {on.items_per_s:.1f} | {on.items_per_s / off.items_per_s:.2f} "
+            f"| {off.p50_latency_ms:.0f} / {on.p50_latency_ms:.0f} | {on.mean_batch:.1f} "
+            f"| {off.cpu_ms_per_item:.1f} / {on.cpu_ms_per_item:.1f} | {off.load_before:.2f} / {on.load_before:.2f} "
+            f"| {off.others_cores:.2f} / {on.others_cores:.2f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
-def padding_row(name: str, backend, jobs, run_one, base: BatcherConfig) -> str:  # type: ignore[no-untyped-def]
+def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig) -> str:  # type: ignore[no-untyped-def]
     cells = {
-        g: asyncio.run(measure(backend, replace(base, group_by_length=g), jobs, run_one, 32)) for g in (False, True)
+        g: asyncio.run(measure(bench, backend, replace(base, group_by_length=g), jobs, run_one, 32))
+        for g in (False, True)
     }
+    for grouping, cell in cells.items():
+        bench.cells.append({"table": "padding", "backend": name, "clients": 32, "grouping": grouping, **asdict(cell)})
     off, on = cells[False], cells[True]
+    flag = " **BUSY**" if off.busy or on.busy else ""
     return (
-        f"| {name} | {off.padding_ratio:.3f} | {on.padding_ratio:.3f} | {off.items_per_s:.1f} / {on.items_per_s:.1f} "
-        f"| {off.cpu_ms_per_item:.0f} / {on.cpu_ms_per_item:.0f} | {off.mean_batch:.1f} / {on.mean_batch:.1f} |"
+        f"| {name}{flag} | {off.padding_ratio:.3f} | {on.padding_ratio:.3f} | {off.items_per_s:.1f} / {on.items_per_s:.1f} "
+        f"| {off.mean_batch:.1f} / {on.mean_batch:.1f} |"
     )
+
+
+def open_model(model_id: str, kind: str, settings: ServerSettings) -> OneShotBackend:  # type: ignore[type-arg]
+    """The backend the server would load for `model_id`."""
+    return open_oneshot(kind, model_id, resolve(model_id).path, settings).backend
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=0, help="threads per backend (0: all cores)")
-    parser.add_argument("--texts", type=int, default=256, help="embedding requests per cell")
-    parser.add_argument("--clips", type=int, default=32, help="transcription requests per cell")
-    parser.add_argument("--skip-asr", action="store_true")
+    add = parser.add_argument
+    add("--threads", type=int, default=0, help="threads per backend (0: all cores)")
+    add("--device", default="auto", choices=("auto", "cpu", "gpu"), help="the models' device (default: auto)")
+    add("--backends", default="onnx,gguf", help="embeddings backends: onnx, gguf, or default (what auto picks)")
+    add("--clients", default="1,32", help="concurrent clients per cell, comma-separated (default: 1,32)")
+    add("--texts", type=int, default=256, help="embedding requests per cell")
+    add("--no-padding", action="store_true", help="skip the padding table")
+    add("--speech", action="store_true", help="also measure faster-whisper tiny.en (whisper-tiny.en)")
+    add("--clips", type=int, default=32, help="transcription requests per cell (with --speech)")
+    add("--max-load", type=float, default=0.5, help="the 1-minute load average a cell may start at")
+    add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for that before giving up")
+    add("--allow-busy", action="store_true", help="measure on a busy machine anyway; such cells are marked BUSY")
+    add("--json", type=Path, help="also write every cell (with load and others' CPU) to this file")
     args = parser.parse_args()
+    if args.speech and shutil.which("espeak-ng") is None:
+        parser.error("--speech says its clips with espeak-ng: install it (apt-get install espeak-ng)")
     os.environ.setdefault("LOCALSERVE_HOME", tempfile.mkdtemp(prefix="localserve-bench-"))
+    clients = [int(c) for c in args.clients.split(",")]
+    bench = Bench(args.max_load, args.allow_busy, args.max_wait_quiet, [])
+    bench.quiet()  # refuse a busy machine before loading anything
+    settings = ServerSettings(threads=args.threads, device=args.device)
 
-    from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
-    from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
-    from localserve.models.convert import cached_gguf
-    from localserve.models.convert_onnx import cached_onnx
+    from localserve.models.oneshot import catalog_backend
+    from localserve.models.oneshot_embeddings import choose_embeddings_backend
 
-    source = resolve("all-minilm-l6-v2").path
-    llama = LlamaEmbeddingBackend(
-        LlamaEmbeddingConfig(str(cached_gguf(source, "all-minilm-l6-v2")), n_threads=args.threads)
-    )
-    onnx = OnnxEmbeddingBackend(
-        OnnxEmbeddingConfig(str(cached_onnx(source, "all-minilm-l6-v2")), n_threads=args.threads)
-    )
-    tokens = [llama.tokenize(t) for t in texts(args.texts)]
+    default = choose_embeddings_backend(resolve(DEFAULT_ID).path, catalog_backend(DEFAULT_ID)).backend
+    default_key = KEY_OF[default]
+    backends = {}
+    for key in dict.fromkeys(default_key if b == "default" else KEY_OF[b] for b in args.backends.split(",")):
+        model_id, label = EMBEDDING_IDS[key]
+        backends[label + (" (default)" if key == default_key else "")] = open_model(model_id, EMBEDDINGS, settings)
+    first = next(iter(backends.values()))
+    tokens = [first.tokenize(t) for t in texts(args.texts)]  # type: ignore[attr-defined]  # one WordPiece vocabulary
     embed_config = BatcherConfig(**BATCHING[EMBEDDINGS])  # type: ignore[arg-type]
-    load = os.getloadavg()[0]
     print(
-        f"# one-shot bench: {os.cpu_count()} CPUs, load average {load:.1f} at start, threads={args.threads or 'all'}, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+        f"# one-shot bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start (max {args.max_load}"
+        f"{', BUSY ALLOWED' if args.allow_busy else ''}), threads={args.threads or 'all'}, device={args.device}, "
+        f"`{DEFAULT_ID}` runs on {default} here"
     )
     print(
         f"\nembeddings: {len(tokens)} single-text requests per cell, {np.mean([len(t) for t in tokens]):.0f} tokens on average"
     )
-    header = [
-        "| backend | clients | off: items/s | on: items/s | speed-up | CPU ms/item off / on | mean batch (on) "
-        "| p50 latency ms off / on |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    rows = throughput_table("llama.cpp GGUF", "texts", llama, tokens, embed_one, embed_config)
-    rows += throughput_table("ONNX Runtime", "texts", onnx, tokens, embed_one, embed_config)
-    padding = [
-        padding_row("ONNX Runtime (embeddings)", onnx, tokens, embed_one, embed_config),
-        padding_row("llama.cpp GGUF (padding-free)", llama, tokens, embed_one, embed_config),
-    ]
-    asr_rows: list[str] = []
-    if not args.skip_asr:
-        from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
-
-        whisper = FasterWhisperBackend(WhisperConfig(str(resolve("whisper-tiny.en").path), n_threads=args.threads))
+    rows, padding = [], []
+    for label, backend in backends.items():
+        rows += throughput_rows(bench, label, backend, tokens, embed_one, embed_config, clients)
+        if not args.no_padding and not backend.padding_free:
+            padding.append(padding_row(bench, label, backend, tokens, embed_one, embed_config))
+    print("\n".join(THROUGHPUT_HEADER + rows))
+    if args.speech:
+        whisper = open_model("whisper-tiny.en", TRANSCRIPTION, settings)
         with tempfile.TemporaryDirectory() as tmp:
             clips = speech_clips(args.clips, Path(tmp))
         asr_config = BatcherConfig(**BATCHING[TRANSCRIPTION])  # type: ignore[arg-type]
-        asr_rows = throughput_table(
-            "faster-whisper tiny.en", "clips", whisper, clips, transcribe_one(whisper), asr_config
-        )
-        padding.append(
-            padding_row(
-                "faster-whisper tiny.en (fixed 30 s windows)", whisper, clips, transcribe_one(whisper), asr_config
-            )
-        )
-    print("\n".join(header + rows))
-    if asr_rows:
+        label = f"faster-whisper tiny.en ({whisper.info().device})"
+        asr_rows = throughput_rows(bench, label, whisper, clips, transcribe_one(whisper), asr_config, clients)
         print(f"\nspeech: {args.clips} transcriptions per cell (espeak-ng clips of 1-12 s); items/s = requests/s")
-        print("\n".join(header + asr_rows))
-    print("\npadding at 32 clients, batching on: padded slots / real tokens (or audio frames)")
-    print(
-        "| backend | padding, grouping off | padding, grouping on | items/s off / on | CPU ms/item off / on "
-        "| mean batch off / on |"
-    )
-    print("|---|---|---|---|---|---|")
-    print("\n".join(padding))
-    print(f"\nload average at end {os.getloadavg()[0]:.1f}")
+        print("\n".join(THROUGHPUT_HEADER + asr_rows))
+        if not args.no_padding:
+            padding.append(
+                padding_row(bench, f"{label}, fixed 30 s windows", whisper, clips, transcribe_one(whisper), asr_config)
+            )
+    if padding:
+        print("\npadding at 32 clients, batching on: padded slots / real tokens (or audio frames)")
+        print("\n".join(PADDING_HEADER + padding))
+    busy = sum(1 for c in bench.cells if c["busy"])
+    print(f"\nload average at end {os.getloadavg()[0]:.2f}" + (f"; {busy} cells BUSY: not figures" if busy else ""))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cells": bench.cells}, indent=1)
+        )
 
 
 if __name__ == "__main__":
