@@ -121,7 +121,11 @@ def set_alias(name: str, target: str | None) -> None:
         table[validate_model_id(name, param="destination")] = validate_model_id(target, param="source")
     path = aliases_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(table, indent=2), encoding="utf-8"))
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(json.dumps(table, indent=2), encoding="utf-8")
+
+    write_atomically(path, write)
 
 
 # ---- listing ------------------------------------------------------------------------------

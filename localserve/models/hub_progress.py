@@ -160,4 +160,4 @@ def _install_dispatch() -> None:
                     return bound(*args, **kwargs)  # not a Dispatch: type() runs no second __init__
                 return super().__new__(cls, *args, **kwargs)
 
-        tqdm_module.tqdm = Dispatch
+        setattr(tqdm_module, "tqdm", Dispatch)  # noqa: B010 - a module attribute typing does not know

@@ -102,11 +102,11 @@ def plan_pull(ref: str, *, catalog: Mapping[str, CatalogEntry] | None = None) ->
     catalog = load_catalog() if catalog is None else catalog
     entry = catalog.get(name)
     if entry is not None:
-        hub = entry.hub_source()
-        if hub is None:
+        source = entry.hub_source()
+        if source is None:
             hints = "; ".join(s.install for s in entry.sources if s.install) or "it has no hub source"
             raise InvalidRequestError(f"model {name!r} is not on a model hub: {hints}", param="model")
-        return PullPlan(name, hub.repo, hub.revision, hub_files(hub), sha256=hub.sha256, entry=entry)
+        return PullPlan(name, source.repo, source.revision, hub_files(source), sha256=source.sha256, entry=entry)
     repo, tag = split_tag(name)
     if repo.count("/") != 1:
         raise ModelNotFoundError(
@@ -180,9 +180,8 @@ def already_here(plan: PullPlan) -> PullResult | None:
             return None
         return PullResult(plan.model_id, path, _size(path), origin if origin != "huggingface" else source, True)
     if plan.files:
-        hub = HubSource(plan.repo, plan.revision, plan.files, plan.files[0], plan.sha256)
-        path = hub_path(hub)
-        return None if path is None else PullResult(plan.model_id, path, _size(path), source, True)
+        cached = hub_path(HubSource(plan.repo, plan.revision, plan.files, plan.files[0], plan.sha256))
+        return None if cached is None else PullResult(plan.model_id, cached, _size(cached), source, True)
     local = hf_cache.find(plan.model_id)
     return None if local is None else PullResult(local.name, local.path, local.size_bytes, source, True)
 
@@ -251,7 +250,7 @@ def _download(plan: PullPlan, name: str, meter: Meter) -> Path:
         before = meter.completed
         try:
             if takes_tqdm_class():
-                return Path(hf_hub_download(plan.repo, name, tqdm_class=bar, **kwargs))
+                return Path(hf_hub_download(plan.repo, name, **{**kwargs, "tqdm_class": bar}))
             with thread_progress(bar):
                 return Path(hf_hub_download(plan.repo, name, **kwargs))
         except PullCancelled:

@@ -7,7 +7,7 @@ commit and files (`siblings`: name, size, git blob id, LFS sha256), as
 `HfApi.model_info(files_metadata=True)` reads them.
 
 `HEAD|GET /{owner}/{repo}/resolve/{revision}/{file}` answers as the hub does:
-an LFS file redirects (302) to `/cdn/...` with `X-Linked-Etag` (its sha256),
+an LFS file redirects (302) to `/cdn/...` on another host (127.0.0.2) with `X-Linked-Etag` (its sha256),
 `X-Linked-Size` and `X-Repo-Commit`; a small file answers 200 with `ETag`
 (its git blob sha1). The CDN honours `Range`. `drop_after[file] = n` cuts
 the first GET of that file after n bytes (headers promised the whole file).
@@ -51,9 +51,18 @@ class FakeHub:
         self.files[f"{repo}/{name}"] = HubFile(data, lfs, **lies)
         return f"{repo}/{name}"
 
+    cdn_port: int = 0
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def cdn_url(self) -> str:
+        """The CDN LFS files redirect to: another host, as on the real hub (huggingface_hub
+        follows redirects that stay on the hub's host, and reads an LFS file's metadata
+        from the redirect itself)."""
+        return f"http://127.0.0.2:{self.cdn_port}"
 
     # ---- handlers ----------------------------------------------------------------------
 
@@ -90,7 +99,7 @@ class FakeHub:
         if hub_file.lfs:
             sha = hub_file.served_sha256 or hashlib.sha256(hub_file.data).hexdigest()
             headers |= {"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(hub_file.data)), "ETag": '"abc"'}
-            headers["Location"] = f"{self.url}/cdn/{key}"
+            headers["Location"] = f"{self.cdn_url}/cdn/{key}"
             return web.Response(status=302, headers=headers)
         headers |= {"ETag": f'"{hub_file.served_git_sha1 or git_sha1(hub_file.data)}"'}
         if request.method == "HEAD":
@@ -141,9 +150,10 @@ class FakeHub:
             app.router.add_get("/api/models/{owner}/{repo}/revision/{revision:.+}", self.model_info)
             self._runner = web.AppRunner(app)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
+            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
             self.port = self._runner.addresses[0][1]
+            await web.TCPSite(self._runner, "127.0.0.2", 0).start()
+            self.cdn_port = self._runner.addresses[1][1]
 
         def run() -> None:
             asyncio.set_event_loop(self._loop)

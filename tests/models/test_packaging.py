@@ -90,8 +90,9 @@ def test_pip_alone_pulls_the_default_model_from_a_hub_and_serves_it(tmp_path: Pa
         hub.add(DEFAULT_REPO, DEFAULT_FILE, smollm2_path.read_bytes())
         env = {**private_dirs(tmp_path), "HF_ENDPOINT": hub.url}
         localserve = str(venv / "bin" / "localserve")
-        pulled = run([localserve, "pull", "smollm2-135m-instruct", "--quiet"], cwd=tmp_path, env={**_env(), **env})
+        pulled = run([localserve, "pull", "smollm2-135m-instruct"], cwd=tmp_path, env={**_env(), **env})
         assert "smollm2-135m-instruct: pulled" in pulled.stdout
+        assert f"{DEFAULT_FILE} [" in pulled.stderr and "100.0%" in pulled.stderr  # progress through tqdm_class
         listed = json.loads(
             run(
                 [localserve, "list", "--json", "--url", "http://127.0.0.1:9"], cwd=tmp_path, env={**_env(), **env}
