@@ -121,8 +121,9 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "--model",
         "models",
         str,
-        "model to serve: a built-in ID (see `localserve list`), a PATH to a .gguf file (served under its "
-        "file stem), or ID=PATH; repeat to serve several",
+        "model to serve: a catalog ID, org/repo[:QUANT] from the Hugging Face cache or LM Studio, an Ollama "
+        "name[:tag] (see `localserve list`), a PATH to a .gguf file (served under its file stem), or ID=PATH; "
+        "repeat to serve several",
         "ID_OR_PATH",
         repeat=True,
     ),

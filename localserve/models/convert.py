@@ -107,7 +107,8 @@ def store_target(model: SentenceTransformersModel, name: str, suffix: str) -> Pa
     stat = model.weights.stat()
     fingerprint = f"{model.weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{suffix}|v{CONVERTER_VERSION}"
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-    return model_store() / name / f"{name}-{digest}-{suffix}"
+    folder = name.replace("/", "--").replace(":", "@")  # org/repo:TAG as one folder name
+    return model_store() / folder / f"{folder}-{digest}-{suffix}"
 
 
 def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:

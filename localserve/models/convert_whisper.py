@@ -216,7 +216,8 @@ def store_target(source: Path, name: str, suffix: str) -> Path:
     stat = weights.stat()
     fingerprint = f"{weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{suffix}|v{CONVERTER_VERSION}"
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-    return model_store() / name / f"{name}-{digest}-{suffix}"
+    folder = name.replace("/", "--").replace(":", "@")  # org/repo:TAG as one folder name
+    return model_store() / folder / f"{folder}-{digest}-{suffix}"
 
 
 def write_ggml(model: Ct2Whisper, path: Path, progress: Progress | None = None) -> None:

@@ -26,9 +26,13 @@ from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 #: Generation in the schemathesis run: this many new tokens at most.
 MAX_NEW_TOKENS = 12
 #: Left out of the schemathesis run: what changes the server's models (unload,
-#: load, pull from the network, delete), the endless stats stream, and the
-#: `/api/v1/...` twins of OpenAI routes (the same handlers as `/v1/...`).
-EXCLUDED_PATHS = r"^/api/v1/(unload|load|pull|stats/stream|chat|completions|embeddings|audio|files|batches|models)"
+#: load, pull from the network, delete, and Ollama's pull, delete, copy), the
+#: endless stats stream, and the `/api/v1/...` twins of OpenAI routes (the same
+#: handlers as `/v1/...`).
+EXCLUDED_PATHS = (
+    r"^(/api/v1/(unload|load|pull|stats/stream|chat|completions|embeddings|audio|files|batches|models)"
+    r"|/api/(pull|delete|copy)$)"
+)
 EXCLUDED_OPERATIONS = ("delete_v1_models_model_id",)
 
 
