@@ -28,6 +28,8 @@ measured, and the next prediction knows.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 PRIOR = (0.0, 1e-3, 0.0)  # a, b, c: seconds, seconds per token, seconds per sequence
@@ -58,7 +60,7 @@ class StepTimeModel:
 
     def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
         """One measured step."""
-        if num_seqs <= 0 or not seconds >= 0.0:  # also refuses NaN
+        if num_seqs <= 0 or not 0.0 <= seconds < math.inf:  # also refuses NaN
             return
         predicted = self.predict(num_tokens, num_seqs)
         weight = 1.0 / min(self.num_observations + 1, ERROR_MEMORY_STEPS)

@@ -94,5 +94,6 @@ def test_ignores_empty_and_unmeasured_steps() -> None:
     model.observe(0, 0, 0.5)
     model.observe(4, 4, math.nan)
     model.observe(4, 4, -1.0)
+    model.observe(4, 4, math.inf)
     assert model.num_observations == 0
     assert model.predict(4, 4) == pytest.approx(4 * model.predict(1, 1))
