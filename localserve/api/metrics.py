@@ -11,18 +11,19 @@ is copied on the hot path):
 * `localserve_kv_cache_used_tokens`, `localserve_kv_cache_capacity_tokens`,
   `localserve_last_batch_size` (sequences in the last step)
 * `localserve_model_load_seconds{kind}` for every loaded model
+* `localserve_time_to_first_token_seconds{priority}`,
+  `localserve_queue_wait_seconds{priority}` and
+  `localserve_inter_token_latency_seconds{priority}`: histograms by priority
+  class (`interactive`, `default`, `batch`), the engine's own record
+  (`engine.stats.ModelStats`, timed on the step thread), so that they agree
+  with `/api/v1/stats`
 * one-shot batchers (embeddings, speech): `localserve_oneshot_padding_ratio`,
   `localserve_oneshot_mean_batch_size`, `localserve_oneshot_queue_items`,
   `localserve_oneshot_items_total`, `localserve_oneshot_batches_total`
 
-Observed as they happen:
-
-* `localserve_requests_total{model, endpoint, status}` by `metrics_middleware`
-  (endpoint: the route's pattern; `model`: what the handler noted with
-  `note_model`, empty where it noted none)
-* `localserve_time_to_first_token_seconds` and
-  `localserve_inter_token_latency_seconds` histograms, fed by the
-  `LatencyObserver` that handlers give their `MergedStreams`
+Observed as they happen: `localserve_requests_total{model, endpoint, status}`
+by `metrics_middleware` (endpoint: the route's pattern; `model`: what the
+handler noted with `note_model`, empty where it noted none).
 
 Every metric carries a `model` label.
 """
@@ -34,22 +35,26 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from localserve.api.state import MANAGER
+from localserve.engine.stats import Histogram
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.models.registry import ModelManager
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MODEL_KEY = "localserve.model"
-#: Told ("ttft" | "itl", seconds) for each token of an answer.
-LatencyObserver = Callable[[str, float], None]
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
 CLIENT_CLOSED = 499  # nginx's code for "the client went away first"
+#: The engine's latency kinds as Prometheus histograms: name and help.
+LATENCY_METRICS = {
+    "ttft": ("localserve_time_to_first_token_seconds", "Time from submission to a request's first generated token"),
+    "queue_wait": ("localserve_queue_wait_seconds", "Time from submission to the first engine step of a request"),
+    "itl": ("localserve_inter_token_latency_seconds", "Time between consecutive generated tokens of one request"),
+}
 
 
 class Metrics:
@@ -63,29 +68,7 @@ class Metrics:
             ["model", "endpoint", "status"],
             registry=self.registry,
         )
-        self.ttft = Histogram(
-            "localserve_time_to_first_token_seconds",
-            "Time from submission to a request's first generated token",
-            ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        )
-        self.itl = Histogram(
-            "localserve_inter_token_latency_seconds",
-            "Time between consecutive generated tokens of one request",
-            ["model"],
-            buckets=ITL_BUCKETS,
-            registry=self.registry,
-        )
         self.registry.register(ServerCollector(manager))
-
-    def observer(self, model_id: str) -> LatencyObserver:
-        ttft, itl = self.ttft.labels(model_id), self.itl.labels(model_id)
-
-        def observe(kind: str, seconds: float) -> None:
-            (ttft if kind == "ttft" else itl).observe(seconds)
-
-        return observe
 
 
 METRICS = web.AppKey("metrics", Metrics)
@@ -101,12 +84,6 @@ def register(app: web.Application) -> None:
 def note_model(request: web.Request, model_id: str) -> None:
     """Label this request's count with `model_id`."""
     request[MODEL_KEY] = model_id
-
-
-def latency_observer(request: web.Request, model_id: str) -> LatencyObserver | None:
-    """The TTFT/inter-token observer for `model_id`, if this app has metrics."""
-    metrics = request.app.get(METRICS)
-    return metrics.observer(model_id) if metrics is not None else None
 
 
 async def scrape(request: web.Request) -> web.Response:
@@ -150,6 +127,7 @@ class ServerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._generative(self.manager.engine.stats())
+        yield from self._latencies(self.manager.engine.latency_histograms())
         yield from self._load_times()
         yield from self._oneshot(self.manager.oneshot_stats())
 
@@ -188,6 +166,19 @@ class ServerCollector(Collector):
             sizes = s.get("recent_batch_sizes") or [0]
             batch.add_metric([model_id], sizes[-1])
         yield from (prompt, generated, cached, preempted, queue, running, in_flight, kv_used, kv_total, batch)
+
+    def _latencies(self, histograms: Mapping[str, Mapping[str, Mapping[str, Histogram]]]) -> Iterator[Metric]:
+        families = {
+            kind: HistogramMetricFamily(name, help_text, labels=["model", "priority"])
+            for kind, (name, help_text) in LATENCY_METRICS.items()
+        }
+        for model_id, by_class in histograms.items():
+            for priority, by_kind in by_class.items():
+                for kind, family in families.items():
+                    h = by_kind[kind]
+                    buckets = [(floatToGoString(bound), n) for bound, n in zip(h.bounds, h.counts, strict=True)]
+                    family.add_metric([model_id, priority], [*buckets, ("+Inf", h.count)], h.sum)
+        yield from families.values()
 
     def _load_times(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(

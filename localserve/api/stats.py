@@ -14,17 +14,27 @@ A snapshot::
      "models": [{"id", "backend", "device", "running": {class: n}, "waiting": {class: n},
                  "in_flight", "kv_used", "kv_total", "max_num_seqs", "n_ctx",
                  "prefix_cache_hit_rate", "recent_batch_sizes", "prefill_tokens_per_s",
-                 "decode_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", ...,
-                 "options": {"ctx_per_slot", "parallel", "kv_tokens", "kv_mib", "n_gpu_layers", "n_layers",
-                             "device", "sources": {option: where from}, "fit": [notes]}}],
+                 "decode_tokens_per_s", "mean_batch_size", "busy_fraction",
+                 "ttft_p50_s", "ttft_p95_s", "queue_wait_p50_s", "itl_p50_s", ... (all classes),
+                 "classes": {class: {"num_requests", "ttft_p50_s", "ttft_p95_s", "queue_wait_p50_s",
+                                     "queue_wait_p95_s", "itl_p50_s", "itl_p95_s"}},
+                 "keep_alive", "expires_in_s", "in_use",
+                 "options": {"ctx_per_slot", "parallel", "kv_tokens", "kv_mib", "weights_mib", "n_gpu_layers",
+                             "n_layers", "device", "sources": {option: where from}, "fit": [notes]}}],
      "loading": [model ids], "load_errors": {name: reason},
      "requests": [{"id", "model", "priority", "priority_class", "state", "prompt_tokens",
-                   "generated_tokens", "age_s", "tokens_per_s"}],
-     "one_shot": {model id or hook name: {"kind", ...the batcher's stats()}},
+                   "generated_tokens", "max_tokens", "age_s", "queue_wait_s", "ttft_s", "tokens_per_s"}],
+     "one_shot": {model id or hook name: {"kind", ...the batcher's stats(), "keep_alive", "expires_in_s"}},
      "batches": [{"id", "status", "endpoint", "model", "request_counts": {"total", "completed", "failed"},
                   "created_at"}]}
 
 Priority classes are always all present: `interactive`, `default`, `batch`.
+Latencies are seconds over the last minute: `ttft` time to first token,
+`queue_wait` submission to the first engine step, `itl` between tokens; a
+figure with nothing measured is `null`, and so is a request's
+`tokens_per_s` until it has a few tokens. `keep_alive` is how long the model
+stays loaded once idle (`forever`, `5m`), `expires_in_s` when it will be
+unloaded (`null`: in use, or never).
 
 Hooks for parts that live elsewhere (set them before the server starts or
 at any time after; the hooks object is mutable):
@@ -52,6 +62,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
+from localserve.api.leases import LIFECYCLE
 from localserve.api.middleware import parse_body
 from localserve.api.sse import SseWriter
 from localserve.api.state import MANAGER, STATE
@@ -65,6 +76,7 @@ log = logging.getLogger(__name__)
 BatchesProvider = Callable[[], Sequence[Mapping[str, Any]]]
 OneShotProvider = Callable[[], Mapping[str, Any]]
 
+NO_KEEP_ALIVE: dict[str, Any] = {"keep_alive": None, "expires_in_s": None, "in_use": None}
 DEFAULT_INTERVAL_MS = 500
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 100, 5000
 CPU_SAMPLE_S = 0.4  # psutil's cpu_percent measures since its last call
@@ -156,9 +168,11 @@ async def _on_shutdown(app: web.Application) -> None:
 def build_snapshot(app: web.Application) -> dict[str, Any]:
     """Everything the dashboard shows, as plain JSON data."""
     state, manager = app[STATS], app[MANAGER]
+    keep_alive = _keep_alive(app)
     models, requests = [], []
     for model_id, stats in manager.engine.stats().items():
         entry, model_requests = _model_entry(model_id, stats)
+        entry.update(keep_alive.get(model_id, NO_KEEP_ALIVE))
         entry["options"] = manager.load_report(model_id)  # effective ctx per slot, slots, GPU layers, KV MiB
         models.append(entry)
         requests += model_requests
@@ -172,7 +186,9 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
         "loading": sorted(manager.loading),
         "load_errors": dict(app[STATE].load_errors),
         "requests": requests,
-        "one_shot": _one_shot_stats(state, manager),
+        "one_shot": {
+            name: {**entry, **keep_alive.get(name, {})} for name, entry in _one_shot_stats(state, manager).items()
+        },
         "batches": [_batch_entry(batch) for batch in _call_hook(state.batches, [])],
         "devices": state.devices(),
     }
@@ -192,6 +208,13 @@ def _model_entry(model_id: str, stats: Mapping[str, Any]) -> tuple[dict[str, Any
     if idle:
         requests = []
     return entry, [{**r, "priority_class": priority_class(float(r["priority"]))} for r in requests]
+
+
+def _keep_alive(app: web.Application) -> dict[str, dict[str, Any]]:
+    """Model id -> when the lifecycle unloads it (`ollama ps`'s UNTIL); {} in an app without one."""
+    lifecycle = app.get(LIFECYCLE)
+    entries = _call_hook(lifecycle.describe, []) if lifecycle is not None else []
+    return {str(e["id"]): {key: e.get(key) for key in ("keep_alive", "expires_in_s", "in_use")} for e in entries}
 
 
 def _one_shot_stats(state: StatsState, manager: ModelManager) -> dict[str, Any]:

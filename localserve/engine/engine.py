@@ -16,7 +16,7 @@ from typing import Any
 
 from localserve.backends.base import GenerativeBackend, Tokenizer
 from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.stats import ModelStats
+from localserve.engine.stats import Histogram, ModelStats
 from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
 from localserve.engine.worker import StepWorker
 from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
@@ -43,8 +43,6 @@ class RequestStream:
         self._model = model
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._done = False
-        self.submitted_at = time.monotonic()
-        self._last_token_at = 0.0
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]:
         return self._iterate()
@@ -67,14 +65,6 @@ class RequestStream:
             self._model.worker.abort(self.request.request_id)
 
     def _deliver(self, event: TokenEvent) -> None:
-        now = time.monotonic()
-        if event.token_ids:
-            stats = self._model.stats
-            if self._last_token_at == 0.0:
-                stats.record_ttft(now - self.submitted_at)
-            else:
-                stats.record_itl(now - self._last_token_at)
-            self._last_token_at = now
         self._queue.put_nowait(event)
 
 
@@ -105,8 +95,6 @@ class _Model:
                 continue
             if event.finished:
                 del self.streams[event.request_id]
-                self.stats.total_prompt_tokens += event.num_prompt_tokens
-                self.stats.total_output_tokens += event.num_output_tokens
             stream._deliver(event)
         self.last_used = time.monotonic()
 
@@ -236,45 +224,33 @@ class Engine:
     # ---- stats ---------------------------------------------------------------
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """A snapshot per model (cheap; safe to call often)."""
+        """A snapshot per model (cheap; safe to call often): the scheduler's
+        last published state, the rates and latencies of `ModelStats.snapshot`
+        (under `classes` per priority class) and the requests in flight."""
         out: dict[str, dict[str, Any]] = {}
         for model_id, model in self._models.items():
             snap = model.worker.snapshot
             info = model.backend.info()
-            prompt = max(1, snap.num_prompt_tokens)
             out[model_id] = {
                 "backend": info.backend,
                 "device": info.device,
-                "running": snap.running_by_class,
-                "waiting": snap.waiting_by_class,
                 "in_flight": len(model.streams),
-                "kv_used": snap.kv_used,
                 "kv_total": model.capacity.kv_tokens,
                 "max_num_seqs": model.capacity.max_num_seqs,
                 "n_ctx": model.capacity.n_ctx,
-                "prefix_cache_hit_tokens": snap.num_cached_tokens,
-                "prefix_cache_hit_rate": snap.num_cached_tokens / prompt,
-                "preemptions": snap.num_preemptions,
-                "batch_policy": model.worker.batch_policy.to_dict(),  # issue 23: batch admission by step time
+                **snap.to_json(),
                 "recent_batch_sizes": model.stats.recent_batch_sizes(),
                 "total_prompt_tokens": model.stats.total_prompt_tokens,
                 "total_output_tokens": model.stats.total_output_tokens,
-                "requests": [
-                    {
-                        "id": s.request_id,
-                        "model": model_id,
-                        "priority": s.priority,
-                        "state": s.state,
-                        "prompt_tokens": s.num_prompt_tokens,
-                        "generated_tokens": s.num_output_tokens,
-                        "age_s": round(s.age_s, 3),
-                        "tokens_per_s": round(s.tokens_per_s, 2),
-                    }
-                    for s in snap.sequences
-                ],
+                "requests": [s.to_json(model_id) for s in snap.sequences],
+                "batch_policy": model.worker.batch_policy.to_dict(),  # issue 23: batch admission by step time
                 **model.stats.snapshot(),
             }
         return out
+
+    def latency_histograms(self) -> dict[str, dict[str, dict[str, Histogram]]]:
+        """Model -> priority class -> `ttft` / `queue_wait` / `itl` -> cumulative histogram."""
+        return {model_id: model.stats.histograms() for model_id, model in self._models.items()}
 
     def set_fault_hook(self, model_id: str, hook: Any) -> None:
         """Test hook: `hook(batch)` runs inside each step and may raise."""

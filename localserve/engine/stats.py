@@ -1,22 +1,226 @@
-"""Sliding-window throughput and latency figures for one model."""
+"""What the engine measures for one model: recorded once, on the step thread.
+
+* Steps: tokens computed (prefill and decode, as the scheduler counts them),
+  sequences and duration, for the rates over the last `RATE_WINDOW_S`.
+* Requests, per priority class: queue wait (submission to the first step
+  that computes any of it), time to first token (submission to the first
+  sampled token) and inter-token latency, as percentiles over the last
+  `WINDOW_S` and as cumulative histograms (Prometheus).
+* Each request in flight: its own queue wait, time to first token and
+  decode rate, for the request table.
+
+The step thread writes (`request_arrived`, `requests_started`,
+`record_step`, `record_events`); the event loop reads (`snapshot`,
+`histograms`, `request_times`). One lock guards both.
+
+`SchedulerSnapshot` is what the step thread publishes of its scheduler after
+a step; a new scheduler figure is a field there, filled in
+`StepWorker._publish_snapshot` and named in `SchedulerSnapshot.to_json`.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-WINDOW_S = 60.0
+from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
+
+PRIORITY_CLASSES: tuple[str, ...] = tuple(PRIORITY_ALIASES)
+WINDOW_S = 60.0  # latency percentiles
+RATE_WINDOW_S = 10.0  # token and step rates
+MIN_RATE_SPAN_S = 1.0  # a burst after an idle spell is averaged over at least this long
+MIN_RATE_TOKENS = 4  # a request's decode rate needs this many tokens after its first
+MAX_SAMPLES = 4096  # per latency window: bounds the sorting a snapshot does
+
+#: Histogram bounds in seconds; `/metrics` exposes them as `le` buckets.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
+LATENCY_KINDS = {"ttft": TTFT_BUCKETS, "queue_wait": QUEUE_WAIT_BUCKETS, "itl": ITL_BUCKETS}
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
-    return ordered[index]
+def percentile(ordered: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of sorted values; None for none (nothing was measured)."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))]
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative histogram: `counts[i]` values at most `bounds[i]`, then `count` in all (+Inf)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+
+
+class Latency:
+    """One latency series: recent values for percentiles, all values bucketed."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SAMPLES)
+        self._buckets = [0] * (len(bounds) + 1)  # the last one: above every bound
+        self._count = 0
+        self._sum = 0.0
+
+    def observe(self, now: float, seconds: float) -> None:
+        self._recent.append((now, seconds))
+        self._buckets[bisect_left(self.bounds, seconds)] += 1
+        self._count += 1
+        self._sum += seconds
+
+    def recent(self, now: float) -> list[float]:
+        return [value for t, value in self._recent if t >= now - WINDOW_S]
+
+    def histogram(self) -> Histogram:
+        counts, total = [], 0
+        for n in self._buckets[:-1]:
+            total += n
+            counts.append(total)
+        return Histogram(self.bounds, tuple(counts), self._count, self._sum)
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """One request's moments (monotonic seconds; 0.0: not yet)."""
+
+    priority_class: str
+    arrived_at: float
+    started_at: float = 0.0  # the first step that computed any of it
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    num_tokens: int = 0  # sampled so far
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        return self.started_at - self.arrived_at if self.started_at else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.first_token_at - self.arrived_at if self.first_token_at else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Decode rate since the first token; None until `MIN_RATE_TOKENS` more came."""
+        span = self.last_token_at - self.first_token_at
+        if self.num_tokens - 1 < MIN_RATE_TOKENS or span <= 0:
+            return None
+        return (self.num_tokens - 1) / span
+
+
+class ModelStats:
+    """Step, class and request figures of one model (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._steps: deque[tuple[float, int, int, int, float]] = deque()  # t, prefill, decode, seqs, dur
+        self._latency = {cls: {kind: Latency(b) for kind, b in LATENCY_KINDS.items()} for cls in PRIORITY_CLASSES}
+        self._requests: dict[str, RequestTimes] = {}
+        self.total_prompt_tokens = 0  # of finished requests
+        self.total_output_tokens = 0
+
+    # ---- the step thread ---------------------------------------------------------
+
+    def request_arrived(self, request_id: str, priority: float, at: float) -> None:
+        """A request the scheduler accepted; `at` is when it was submitted."""
+        with self._lock:
+            self._requests[request_id] = RequestTimes(priority_class(priority), at)
+
+    def requests_started(self, request_ids: Iterable[str], now: float) -> None:
+        """Requests in the step about to run; the first time is the end of their queue wait."""
+        with self._lock:
+            for request_id in request_ids:
+                times = self._requests.get(request_id)
+                if times is not None and not times.started_at:
+                    times.started_at = now
+                    self._latency[times.priority_class]["queue_wait"].observe(now, now - times.arrived_at)
+
+    def record_step(self, num_prefill: int, num_decode: int, num_seqs: int, duration_s: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._steps.append((now, num_prefill, num_decode, num_seqs, duration_s))
+            while self._steps and self._steps[0][0] < now - WINDOW_S:
+                self._steps.popleft()
+
+    def record_events(self, events: Iterable[TokenEvent], now: float) -> None:
+        """Sampled tokens (time to first token, inter-token latency) and ended requests."""
+        with self._lock:
+            for event in events:
+                times = self._requests.get(event.request_id)
+                if times is not None and event.num_output_tokens > times.num_tokens:
+                    self._token(times, event.num_output_tokens, now)
+                if event.finished:
+                    self._requests.pop(event.request_id, None)
+                    self.total_prompt_tokens += event.num_prompt_tokens
+                    self.total_output_tokens += event.num_output_tokens
+
+    def _token(self, times: RequestTimes, num_tokens: int, now: float) -> None:
+        latency = self._latency[times.priority_class]
+        if times.first_token_at:
+            latency["itl"].observe(now, now - times.last_token_at)
+        else:
+            times.first_token_at = now
+            latency["ttft"].observe(now, now - times.arrived_at)
+        times.last_token_at = now
+        times.num_tokens = num_tokens
+
+    # ---- readers -----------------------------------------------------------------
+
+    def request_times(self, request_ids: Iterable[str]) -> dict[str, RequestTimes]:
+        """Copies of the times of those requests still tracked."""
+        with self._lock:
+            return {rid: replace(self._requests[rid]) for rid in request_ids if rid in self._requests}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Rates over the last `RATE_WINDOW_S` (at least `MIN_RATE_SPAN_S`), latency
+        percentiles over `WINDOW_S`, for all classes together and under `classes`
+        per priority class. A percentile with nothing measured is None."""
+        now = time.monotonic()
+        with self._lock:
+            steps = [s for s in self._steps if s[0] >= now - RATE_WINDOW_S]
+            recent = {
+                cls: {kind: latency.recent(now) for kind, latency in kinds.items()}
+                for cls, kinds in self._latency.items()
+            }
+        first = steps[0] if steps else None
+        span = max(MIN_RATE_SPAN_S, min(RATE_WINDOW_S, now - first[0] + first[4])) if first else RATE_WINDOW_S
+        everything = {kind: [v for cls in recent.values() for v in cls[kind]] for kind in LATENCY_KINDS}
+        return {
+            "prefill_tokens_per_s": sum(s[1] for s in steps) / span,
+            "decode_tokens_per_s": sum(s[2] for s in steps) / span,
+            "steps_per_s": len(steps) / span,
+            "mean_batch_size": (sum(s[3] for s in steps) / len(steps)) if steps else 0.0,
+            "busy_fraction": min(1.0, sum(s[4] for s in steps) / span),
+            **_percentiles(everything, (50, 95, 99)),
+            "classes": {cls: _class_figures(values) for cls, values in recent.items()},
+        }
+
+    def histograms(self) -> dict[str, dict[str, Histogram]]:
+        """Priority class -> latency kind (`ttft`, `queue_wait`, `itl`) -> cumulative histogram."""
+        with self._lock:
+            return {cls: {kind: lat.histogram() for kind, lat in kinds.items()} for cls, kinds in self._latency.items()}
+
+    def recent_batch_sizes(self, limit: int = 60) -> list[int]:
+        with self._lock:
+            return [s[3] for s in list(self._steps)[-limit:]]
+
+
+def _percentiles(values: dict[str, list[float]], qs: tuple[int, ...]) -> dict[str, float | None]:
+    ordered = {kind: sorted(series) for kind, series in values.items()}
+    return {f"{kind}_p{q}_s": percentile(series, q) for kind, series in ordered.items() for q in qs}
+
+
+def _class_figures(values: dict[str, list[float]]) -> dict[str, Any]:
+    """One class's figures: `num_requests` (first tokens in the window) and p50/p95 of each latency."""
+    return {"num_requests": len(values["ttft"]), **_percentiles(values, (50, 95))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +230,26 @@ class SeqSnapshot:
     state: str  # "running" | "waiting"
     num_prompt_tokens: int
     num_output_tokens: int
+    max_tokens: int
     age_s: float
-    tokens_per_s: float
+    queue_wait_s: float | None
+    ttft_s: float | None
+    tokens_per_s: float | None
+
+    def to_json(self, model_id: str) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "model": model_id,
+            "priority": self.priority,
+            "state": self.state,
+            "prompt_tokens": self.num_prompt_tokens,
+            "generated_tokens": self.num_output_tokens,
+            "max_tokens": self.max_tokens,
+            "age_s": round(self.age_s, 3),
+            "queue_wait_s": _round(self.queue_wait_s, 4),
+            "ttft_s": _round(self.ttft_s, 4),
+            "tokens_per_s": _round(self.tokens_per_s, 2),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,66 +264,17 @@ class SchedulerSnapshot:
     num_prompt_tokens: int = 0
     num_preemptions: int = 0
 
-
-class ModelStats:
-    """Step and request timings over the last `WINDOW_S` seconds. Written by
-    the step thread and the event loop, read by the stats endpoints."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._steps: deque[tuple[float, int, int, int, float]] = deque()  # t, prefill, decode, seqs, dur
-        self._ttft: deque[tuple[float, float]] = deque()
-        self._itl: deque[tuple[float, float]] = deque()
-        self.num_requests = 0
-        self.num_errors = 0
-        self.total_prompt_tokens = 0
-        self.total_output_tokens = 0
-
-    def record_step(self, num_prefill: int, num_decode: int, num_seqs: int, duration_s: float) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._steps.append((now, num_prefill, num_decode, num_seqs, duration_s))
-            _trim(self._steps, now)
-
-    def record_ttft(self, seconds: float) -> None:
-        self._record(self._ttft, seconds)
-
-    def record_itl(self, seconds: float) -> None:
-        self._record(self._itl, seconds)
-
-    def _record(self, window: deque[tuple[float, float]], value: float) -> None:
-        now = time.monotonic()
-        with self._lock:
-            window.append((now, value))
-            _trim(window, now)
-
-    def snapshot(self, recent_s: float = 10.0) -> dict[str, float]:
-        """Rates over the last `recent_s` seconds, latency percentiles over the window."""
-        now = time.monotonic()
-        with self._lock:
-            steps = [s for s in self._steps if s[0] >= now - recent_s]
-            ttft = [v for t, v in self._ttft if t >= now - WINDOW_S]
-            itl = [v for t, v in self._itl if t >= now - WINDOW_S]
-        span = max(1e-3, min(recent_s, now - steps[0][0] + steps[0][4])) if steps else recent_s
+    def to_json(self) -> dict[str, Any]:
+        """The scheduler's part of a model's stats (requests apart)."""
         return {
-            "prefill_tokens_per_s": sum(s[1] for s in steps) / span,
-            "decode_tokens_per_s": sum(s[2] for s in steps) / span,
-            "steps_per_s": len(steps) / span,
-            "mean_batch_size": (sum(s[3] for s in steps) / len(steps)) if steps else 0.0,
-            "busy_fraction": min(1.0, sum(s[4] for s in steps) / span),
-            "ttft_p50_s": percentile(ttft, 50),
-            "ttft_p95_s": percentile(ttft, 95),
-            "ttft_p99_s": percentile(ttft, 99),
-            "itl_p50_s": percentile(itl, 50),
-            "itl_p95_s": percentile(itl, 95),
-            "itl_p99_s": percentile(itl, 99),
+            "running": dict(self.running_by_class),
+            "waiting": dict(self.waiting_by_class),
+            "kv_used": self.kv_used,
+            "prefix_cache_hit_tokens": self.num_cached_tokens,
+            "prefix_cache_hit_rate": self.num_cached_tokens / max(1, self.num_prompt_tokens),
+            "preemptions": self.num_preemptions,
         }
 
-    def recent_batch_sizes(self, limit: int = 60) -> list[int]:
-        with self._lock:
-            return [s[3] for s in list(self._steps)[-limit:]]
 
-
-def _trim(window: deque, now: float) -> None:  # type: ignore[type-arg]
-    while window and window[0][0] < now - WINDOW_S:
-        window.popleft()
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

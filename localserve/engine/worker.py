@@ -27,6 +27,7 @@ SNAPSHOT_INTERVAL_S = 0.1
 @dataclass(frozen=True, slots=True)
 class _Add:
     request: GenerateRequest
+    submitted_at: float  # the start of its queue wait and of its time to first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ class StepWorker:
         self._thread.start()
 
     def add(self, request: GenerateRequest) -> None:
-        self._inbox.put(_Add(request))
+        self._inbox.put(_Add(request, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -121,7 +122,7 @@ class StepWorker:
                     self._fail_everything("the server is shutting down", events)
                     return False
                 if isinstance(message, _Add):
-                    events.extend(self._add(message.request))
+                    events.extend(self._add(message))
                 elif isinstance(message, _Abort):
                     event = self.scheduler.abort(message.request_id)
                     if event is not None:
@@ -134,11 +135,13 @@ class StepWorker:
                 self._post(events)
         return True
 
-    def _add(self, request: GenerateRequest) -> list[TokenEvent]:
+    def _add(self, message: _Add) -> list[TokenEvent]:
+        request = message.request
         try:
             self.scheduler.add(request)
         except ValueError as exc:  # the API validates first; this is the last guard
             return [_error_event(request.request_id, str(exc), len(request.prompt_token_ids))]
+        self.stats.request_arrived(request.request_id, request.priority, message.submitted_at)
         return []
 
     def _step(self) -> None:
@@ -150,6 +153,9 @@ class StepWorker:
             self._fail_everything("internal error: the scheduler could not place any request")
             return
         started = time.monotonic()
+        self.stats.requests_started(self._running_request_ids(), started)
+        counters = self.scheduler.counters
+        num_prefill, num_decode = counters.num_prefill_tokens, counters.num_decode_tokens
         try:
             if self.fault_hook is not None:
                 self.fault_hook(batch)
@@ -159,21 +165,33 @@ class StepWorker:
             events = self.scheduler.fail(batch, f"the backend failed in this step: {exc}")
             self.backend.clear_slots(Scheduler.touched_slots(batch))
             self.backend.release([c.seq_id for c in batch.chunks])
-            self.stats.num_errors += len(events)
         else:
             events = self.scheduler.update(batch, result)
             self.scheduler.observe_step(batch, time.monotonic() - started)  # the step-time model learns
-        counters = self.scheduler.counters
+        # The scheduler's counters are the one prefill/decode rule (none move in a failed step).
         self.stats.record_step(
-            num_prefill=sum(len(c.token_ids) for c in batch.chunks if not c.sample or len(c.token_ids) > 1),
-            num_decode=sum(1 for c in batch.chunks if c.sample and len(c.token_ids) == 1),
-            num_seqs=counters.last_batch_size,
+            num_prefill=counters.num_prefill_tokens - num_prefill,
+            num_decode=counters.num_decode_tokens - num_decode,
+            num_seqs=len(batch.chunks),
             duration_s=time.monotonic() - started,
         )
         if events:
             self._post(events)
 
+    def _running_request_ids(self) -> list[str]:
+        ids = []
+        for seq in self.scheduler.sequences():  # running ones first
+            if seq.status is not SeqStatus.RUNNING:
+                break
+            ids.append(seq.request_id)
+        return ids
+
     def _post(self, events: list[TokenEvent]) -> None:
+        # Every event leaves through here: the one place that times tokens and ends.
+        self.stats.record_events(events, time.monotonic())
+        if any(event.finished for event in events):
+            # Whoever reads the stats after a request's end must not see it still running.
+            self._publish_snapshot(force=True)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(self._dispatch, events)
 
@@ -194,13 +212,14 @@ class StepWorker:
         running: dict[str, int] = {}
         waiting: dict[str, int] = {}
         sequences = []
-        for seq in self.scheduler.sequences():
+        seqs = self.scheduler.sequences()
+        times = self.stats.request_times(seq.request_id for seq in seqs)
+        for seq in seqs:
             cls = priority_class(seq.priority)
             is_running = seq.status is SeqStatus.RUNNING
             target = running if is_running else waiting
             target[cls] = target.get(cls, 0) + 1
-            age = now - seq.arrival_time
-            since_first = now - seq.first_token_time if seq.first_token_time else 0.0
+            seq_times = times.get(seq.request_id)
             sequences.append(
                 SeqSnapshot(
                     request_id=seq.request_id,
@@ -208,8 +227,11 @@ class StepWorker:
                     state="running" if is_running else "waiting",
                     num_prompt_tokens=seq.num_prompt_tokens,
                     num_output_tokens=seq.num_output_tokens,
-                    age_s=age,
-                    tokens_per_s=seq.num_output_tokens / since_first if since_first > 0 else 0.0,
+                    max_tokens=seq.sampling.max_tokens,
+                    age_s=now - (seq_times.arrived_at if seq_times else seq.arrival_time),
+                    queue_wait_s=seq_times.queue_wait_s if seq_times else None,
+                    ttft_s=seq_times.ttft_s if seq_times else None,
+                    tokens_per_s=seq_times.tokens_per_s if seq_times else None,
                 )
             )
         counters = self.scheduler.counters

@@ -1,7 +1,10 @@
-"""The server's stats snapshot (`GET /api/v1/stats`) as typed, read-only data.
+"""The server's stats snapshot (`GET /api/v1/stats`) as typed, read-only data,
+and how its figures are written on screen.
 
 Parsing is lenient: a missing or odd field takes its default, so the
-dashboard keeps working against a server a version older or newer.
+dashboard keeps working against a server a version older or newer. A
+figure the server did not measure (no request in the window, a request
+with too few tokens for a rate) is None and is shown as `DASH`.
 """
 
 from __future__ import annotations
@@ -10,12 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from localserve.tui.fmt import DASH, fmt_duration
+
 PRIORITY_CLASSES = ("interactive", "default", "batch")
+LATENCY_KINDS = ("ttft", "queue_wait", "itl")
 
 
 def _num(data: Mapping[str, Any], key: str, default: float = 0.0) -> float:
     value = data.get(key, default)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _opt(data: Mapping[str, Any], key: str) -> float | None:
+    """A figure that may be missing (None: not measured)."""
+    value = data.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _int(data: Mapping[str, Any], key: str) -> int:
@@ -46,6 +58,37 @@ class ProcessView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassView:
+    """One priority class of one model: p50/p95 of each latency kind over the last minute."""
+
+    num_requests: int = 0  # first tokens in the window
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    queue_wait_p50_s: float | None = None
+    queue_wait_p95_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """When the server unloads a model (`ollama ps`'s UNTIL)."""
+
+    keep_alive: str = ""  # "forever", "5m", "" when the server does not say
+    expires_in_s: float | None = None  # None: in use, or never
+    in_use: bool = False
+
+    def describe(self) -> str:
+        if not self.keep_alive:
+            return DASH
+        if self.in_use:
+            return "in use"
+        if self.expires_in_s is None:
+            return self.keep_alive
+        return f"in {fmt_duration(self.expires_in_s)}"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelView:
     model_id: str
     backend: str = ""
@@ -58,12 +101,15 @@ class ModelView:
     n_ctx: int = 0
     prefix_cache_hit_rate: float = 0.0
     mean_batch_size: float = 0.0
+    busy_fraction: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
-    ttft_p50_s: float = 0.0
-    ttft_p95_s: float = 0.0
-    itl_p50_s: float = 0.0
-    itl_p95_s: float = 0.0
+    classes: Mapping[str, ClassView] = field(default_factory=dict)
+    keep_alive: KeepAlive = field(default_factory=KeepAlive)
+    weights_mib: float = 0.0  # 0: not known
+    kv_mib: float = 0.0
+    n_gpu_layers: int = 0
+    n_layers: int = 0  # 0: not known
 
     @property
     def num_running(self) -> int:
@@ -72,6 +118,9 @@ class ModelView:
     @property
     def num_waiting(self) -> int:
         return sum(self.waiting.values())
+
+    def of_class(self, name: str) -> ClassView:
+        return self.classes.get(name) or ClassView()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +135,7 @@ class OneShotView:
     mean_batch_size: float = 0.0
     padding_ratio: float = 0.0
     busy_fraction: float = 0.0
+    keep_alive: KeepAlive = field(default_factory=KeepAlive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +147,16 @@ class RequestView:
     state: str = ""
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    max_tokens: int = 0  # 0: not known
     age_s: float = 0.0
-    tokens_per_s: float = 0.0
+    queue_wait_s: float | None = None
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None  # None until the request has a few tokens
+
+    def matches(self, needle: str) -> bool:
+        """Whether the `/` filter text occurs in its id, model, class or state."""
+        needle = needle.lower()
+        return any(needle in text.lower() for text in (self.request_id, self.model, self.priority_class, self.state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +225,13 @@ class Snapshot:
     def decode_tokens_per_s(self) -> float:
         return sum(m.decode_tokens_per_s for m in self.models)
 
-    @property
-    def ttft_p95_s(self) -> float:
-        return max((m.ttft_p95_s for m in self.models), default=0.0)
+    def worst(self, priority_class: str, figure: str) -> float | None:
+        """The highest `figure` (e.g. `ttft_p95_s`) of a class over the models; None if none measured it."""
+        values = [v for m in self.models if (v := getattr(m.of_class(priority_class), figure)) is not None]
+        return max(values, default=None)
+
+    def model(self, model_id: str) -> ModelView | None:
+        return next((m for m in self.models if m.model_id == model_id), None)
 
 
 def _model(data: Mapping[str, Any]) -> ModelView:
@@ -181,14 +243,12 @@ def _model(data: Mapping[str, Any]) -> ModelView:
         for name in (
             "prefix_cache_hit_rate",
             "mean_batch_size",
+            "busy_fraction",
             "prefill_tokens_per_s",
             "decode_tokens_per_s",
-            "ttft_p50_s",
-            "ttft_p95_s",
-            "itl_p50_s",
-            "itl_p95_s",
         )
     }
+    options = _map(data, "options")
     return ModelView(
         model_id=_str(data, "id"),
         backend=_str(data, "backend"),
@@ -199,7 +259,24 @@ def _model(data: Mapping[str, Any]) -> ModelView:
         kv_total=_int(data, "kv_total"),
         max_num_seqs=_int(data, "max_num_seqs"),
         n_ctx=_int(data, "n_ctx"),
+        classes={str(k): _class(v) for k, v in _map(data, "classes").items() if isinstance(v, Mapping)},
+        keep_alive=_keep_alive(data),
+        weights_mib=_num(options, "weights_mib"),
+        kv_mib=_num(options, "kv_mib"),
+        n_gpu_layers=_int(options, "n_gpu_layers"),
+        n_layers=_int(options, "n_layers"),
         **floats,
+    )
+
+
+def _class(data: Mapping[str, Any]) -> ClassView:
+    figures = {f"{kind}_p{q}_s": _opt(data, f"{kind}_p{q}_s") for kind in LATENCY_KINDS for q in (50, 95)}
+    return ClassView(num_requests=_int(data, "num_requests"), **figures)
+
+
+def _keep_alive(data: Mapping[str, Any]) -> KeepAlive:
+    return KeepAlive(
+        keep_alive=_str(data, "keep_alive"), expires_in_s=_opt(data, "expires_in_s"), in_use=data.get("in_use") is True
     )
 
 
@@ -212,8 +289,11 @@ def _request(data: Mapping[str, Any]) -> RequestView:
         state=_str(data, "state"),
         prompt_tokens=_int(data, "prompt_tokens"),
         generated_tokens=_int(data, "generated_tokens"),
+        max_tokens=_int(data, "max_tokens"),
         age_s=_num(data, "age_s"),
-        tokens_per_s=_num(data, "tokens_per_s"),
+        queue_wait_s=_opt(data, "queue_wait_s"),
+        ttft_s=_opt(data, "ttft_s"),
+        tokens_per_s=_opt(data, "tokens_per_s"),
     )
 
 
@@ -227,6 +307,7 @@ def _one_shot(model_id: str, data: Mapping[str, Any]) -> OneShotView:
         mean_batch_size=_num(data, "mean_batch_size"),
         padding_ratio=_num(data, "recent_padding_ratio"),
         busy_fraction=_num(data, "busy_fraction"),
+        keep_alive=_keep_alive(data),
     )
 
 
@@ -240,30 +321,3 @@ def _batch(data: Mapping[str, Any]) -> BatchView:
         completed=_int(counts, "completed"),
         failed=_int(counts, "failed"),
     )
-
-
-# ---- formatting ----------------------------------------------------------------------
-
-
-def fmt_bytes(num_bytes: float) -> str:
-    if num_bytes < 1e6:
-        return f"{num_bytes / 1e3:.0f} KB"
-    if num_bytes < 1e9:
-        return f"{num_bytes / 1e6:.0f} MB"
-    return f"{num_bytes / 1e9:.1f} GB"
-
-
-def fmt_duration(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h04m`, `3d02h`."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-
-
-def fmt_latency(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

@@ -69,9 +69,36 @@ def test_counters_move_after_requests(http: httpx.Client, client: openai.OpenAI)
 
     grew("localserve_generation_tokens_total", reply.usage.completion_tokens)
     grew("localserve_prompt_tokens_total", reply.usage.prompt_tokens)
-    grew("localserve_time_to_first_token_seconds_count", 1)
-    grew("localserve_inter_token_latency_seconds_count", reply.usage.completion_tokens - 1)
+
+
+@pytest.mark.slow
+def test_latency_histograms_by_priority_class(http: httpx.Client, client: openai.OpenAI) -> None:
+    before = scrape(http)
+    for priority in ("interactive", "batch"):
+        client.chat.completions.create(
+            model=MODEL_ID,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=4,
+            temperature=0,
+            extra_body={"ignore_eos": True, "priority": priority},
+        )
+    after = scrape(http)
+
+    def grew(name: str, priority: str) -> float:
+        labels = {"model": MODEL_ID, "priority": priority}
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    for priority in ("interactive", "batch"):
+        assert grew("localserve_time_to_first_token_seconds_count", priority) == 1
+        assert grew("localserve_queue_wait_seconds_count", priority) == 1
+        assert grew("localserve_inter_token_latency_seconds_count", priority) == 3  # 4 tokens, 3 gaps
+        assert grew("localserve_time_to_first_token_seconds_sum", priority) > 0
+    assert grew("localserve_time_to_first_token_seconds_count", "default") == 0
     buckets = after["localserve_time_to_first_token_seconds_bucket"]
-    assert buckets[(("le", "+Inf"), ("model", MODEL_ID))] == value(
-        after, "localserve_time_to_first_token_seconds_count", model=MODEL_ID
-    )
+    for priority in ("interactive", "default", "batch"):
+        labels = (("model", MODEL_ID), ("priority", priority))
+        counts = [buckets[(("le", le), *labels)] for le in ("0.01", "0.1", "1.0", "10.0", "+Inf")]
+        assert counts == sorted(counts), counts  # cumulative
+        assert counts[-1] == value(
+            after, "localserve_time_to_first_token_seconds_count", model=MODEL_ID, priority=priority
+        )

@@ -13,9 +13,42 @@ from localserve.tui.source import SourceError
 LABEL = "http://127.0.0.1:8400"
 
 
+def class_figures(ttft_p95_s: float = 0.42) -> dict[str, dict[str, Any]]:
+    """Per-class latencies of a model whose batch work waits by design."""
+    return {
+        "interactive": {
+            "num_requests": 41,
+            "ttft_p50_s": 0.118,
+            "ttft_p95_s": ttft_p95_s,
+            "queue_wait_p50_s": 0.004,
+            "queue_wait_p95_s": 0.021,
+            "itl_p50_s": 0.031,
+            "itl_p95_s": 0.058,
+        },
+        "default": {
+            "num_requests": 12,
+            "ttft_p50_s": 0.35,
+            "ttft_p95_s": 1.84,
+            "queue_wait_p50_s": 0.12,
+            "queue_wait_p95_s": 1.2,
+            "itl_p50_s": 0.033,
+            "itl_p95_s": 0.071,
+        },
+        "batch": {
+            "num_requests": 3,
+            "ttft_p50_s": 6.2,
+            "ttft_p95_s": 10.5,
+            "queue_wait_p50_s": 5.9,
+            "queue_wait_p95_s": 10.1,
+            "itl_p50_s": 0.045,
+            "itl_p95_s": 0.12,
+        },
+    }
+
+
 def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42) -> dict[str, Any]:
     """A busy server: two generative models and an embeddings model, requests
-    of every class, two batch jobs."""
+    of every class (some too new for a rate), two batch jobs."""
     smol = {
         "id": "smollm2-135m-instruct",
         "backend": "llamacpp",
@@ -35,6 +68,12 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "ttft_p95_s": ttft_p95_s,
         "itl_p50_s": 0.031,
         "itl_p95_s": 0.058,
+        "busy_fraction": 0.93,
+        "classes": class_figures(ttft_p95_s),
+        "keep_alive": "forever",
+        "expires_in_s": None,
+        "in_use": True,
+        "options": {"weights_mib": 98.2, "kv_mib": 45.0, "n_gpu_layers": 0, "n_layers": 30, "device": "CPU"},
     }
     coder = {
         **smol,
@@ -52,6 +91,11 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "mean_batch_size": 1.0,
         "decode_tokens_per_s": 40.0,
         "ttft_p95_s": 0.09,
+        "classes": {"interactive": {"num_requests": 1, "ttft_p50_s": 0.09, "ttft_p95_s": 0.09}},
+        "keep_alive": "5m",
+        "expires_in_s": 245.0,
+        "in_use": False,
+        "options": {"weights_mib": 1450.0, "kv_mib": 0.0, "n_gpu_layers": 0, "n_layers": 0, "device": "NPU"},
     }
     states = ["running"] * 6 + ["waiting"] * 4
     classes = [
@@ -74,13 +118,17 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
             "priority_class": cls,
             "state": state,
             "prompt_tokens": 40 + 37 * i,
-            "generated_tokens": (120 - 11 * i) if state == "running" else 0,
+            "generated_tokens": max(1, 120 - 24 * i) if state == "running" else 0,
+            "max_tokens": 256,
             "age_s": 95.0 - 7 * i,
-            "tokens_per_s": (26.5 - i) if state == "running" else 0.0,
+            "queue_wait_s": 0.004 + 0.9 * i if state == "running" else None,
+            "ttft_s": 0.1 + 0.9 * i if state == "running" else None,
+            # The newest running one has one token: too few for a rate.
+            "tokens_per_s": (26.5 - i) if state == "running" and i < 5 else None,
         }
         for i, (cls, state) in enumerate(zip(classes, states, strict=True))
     ]
-    requests.append({**requests[0], "id": "cmpl-fim-7f3e", "model": coder["id"], "age_s": 0.8, "tokens_per_s": 40.0})
+    requests.append({**requests[0], "id": "cmpl-fim-7f3e", "model": coder["id"], "age_s": 0.8, "tokens_per_s": 140.0})
     return {
         "object": "localserve.stats",
         "version": "0.1.0",
@@ -100,6 +148,9 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
                 "mean_batch_size": 28.4,
                 "recent_padding_ratio": 0.08,
                 "busy_fraction": 0.61,
+                "keep_alive": "5m",
+                "expires_in_s": None,
+                "in_use": True,
             }
         },
         "batches": [

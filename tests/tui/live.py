@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tempfile
 import threading
 import time
 from typing import Any
@@ -40,6 +41,7 @@ def make_settings(**overrides: Any) -> ServerSettings:
         # One thread: on a busy shared machine llama.cpp's spinning workers
         # slow each other down (3x slower decoding with two threads).
         "threads": 1,
+        "data_dir": tempfile.mkdtemp(prefix="localserve-tui-data-"),  # batch jobs: never the user's own
     }
     return ServerSettings(**{**base, **overrides})
 

@@ -1,7 +1,8 @@
 """The dashboard against a real server running the real model, over HTTP.
 
 Set LOCALSERVE_DASHBOARD_SCREENSHOT=docs/dashboard.svg to save the
-dashboard under load for the README.
+dashboard for the README, with a batch job in progress beside interactive
+chats (`test_priority_story_with_a_batch_job`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import pytest
 
 from localserve.tui.app import DashboardApp
 from localserve.tui.source import HttpSource
+from localserve.tui.widgets.classes import ClassPanel
+from localserve.tui.widgets.dialogs import ConfirmScreen
 from localserve.tui.widgets.header import ConnectionBanner
 from localserve.tui.widgets.requests import RequestTable
-from tests.tui.helpers import wait_for
+from tests.tui.helpers import screen_text, wait_for
 from tests.tui.live import MODEL_ID, LiveServer
 
 pytestmark = pytest.mark.slow
@@ -105,12 +108,84 @@ async def test_table_fills_and_counters_move(live: LiveServer) -> None:
                 await wait_for(pilot, lambda: app.snapshot.decode_tokens_per_s > 0, timeout=30, what="a decode rate")
                 assert app.snapshot.models[0].kv_used > 0
                 assert all(r.state in ("running", "waiting") for r in app.snapshot.requests)
+        finally:
+            await stop_all(tasks)
+
+
+async def chat_forever(http: httpx.AsyncClient, priority: str, max_tokens: int) -> None:
+    """Short chats one after another, as a person at a chat window would send them."""
+    while True:
+        await stream_chat(http, max_tokens=max_tokens, priority=priority)
+
+
+async def start_batch_job(http: httpx.AsyncClient, num_lines: int, max_tokens: int) -> str:
+    """A Batch API job of `num_lines` chats (the runner sends them at `batch` priority)."""
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL_ID,
+                "messages": [{"role": "user", "content": f"{PROMPT} Chapter {i}."}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            },
+        }
+        for i in range(num_lines)
+    ]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    upload = await http.post("/v1/files", files={"file": ("story.jsonl", data)}, data={"purpose": "batch"})
+    assert upload.status_code == 200, upload.text
+    body = {"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    batch = await http.post("/v1/batches", json=body)
+    assert batch.status_code == 200, batch.text
+    return str(batch.json()["id"])
+
+
+def class_row(app: DashboardApp, name: str) -> list[str]:
+    return next(line.split() for line in screen_text(app, ClassPanel).splitlines() if line.split()[:1] == [name])
+
+
+async def test_priority_story_with_a_batch_job(live: LiveServer) -> None:
+    """Interactive chats beside a batch job: the dashboard shows their figures
+    apart, and the interactive ones are the short ones."""
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=300, trust_env=False) as http:
+        await wait_idle(http)
+        batch_id = await start_batch_job(http, num_lines=60, max_tokens=64)
+        chats = [asyncio.create_task(chat_forever(http, "interactive", max_tokens=24)) for _ in range(2)]
+        chats.append(asyncio.create_task(stream_chat(http, max_tokens=900)))  # one long default answer
+        app = DashboardApp(HttpSource(live.base_url))
+        try:
+            async with app.run_test(size=SIZE) as pilot:
+
+                def measured() -> bool:
+                    snap = app.snapshot
+                    model = snap.models[0] if snap and snap.models else None
+                    return bool(
+                        model
+                        and model.of_class("interactive").num_requests >= 3
+                        and model.of_class("batch").ttft_p95_s is not None
+                        and snap.batches
+                        and snap.batches[0].num_done > 0
+                    )
+
+                await wait_for(pilot, measured, timeout=180, what="figures of both classes and batch progress")
+                model = app.snapshot.models[0]
+                interactive, batch = model.of_class("interactive"), model.of_class("batch")
+                assert interactive.ttft_p95_s < batch.ttft_p95_s  # batch work waits by design; shown apart
+                assert interactive.queue_wait_p95_s is not None and interactive.itl_p50_s is not None
+                assert app.snapshot.batches[0].batch_id == batch_id and app.snapshot.batches[0].status == "in_progress"
+                assert class_row(app, "interactive")[0] == "interactive" and "-" not in class_row(app, "interactive")
+                assert model.keep_alive.keep_alive and model.weights_mib > 0 and model.n_layers == 30
                 if target := os.environ.get("LOCALSERVE_DASHBOARD_SCREENSHOT"):
-                    await pilot.pause(40.0)  # a third of the charts filled
+                    await pilot.pause(20.0)  # some of the charts filled; the batch job still runs
+                    assert app.snapshot.batches[0].status == "in_progress"
                     path = Path(target)
                     app.save_screenshot(path.name, path=str(path.parent))
         finally:
-            await stop_all(tasks)
+            await stop_all(chats)
+            await http.post(f"/v1/batches/{batch_id}/cancel")
 
 
 async def test_cancel_key_ends_the_request_on_the_server(live: LiveServer) -> None:
@@ -125,6 +200,8 @@ async def test_cancel_key_ends_the_request_on_the_server(live: LiveServer) -> No
                 selected = table.selected
                 assert selected is not None
                 await pilot.press("c")
+                await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+                await pilot.press("y")
                 result = await asyncio.wait_for(task, 60)
                 assert result.finish_reason == "abort"
                 assert result.answer_id == selected.request_id
@@ -142,7 +219,7 @@ async def test_banner_while_the_server_restarts(live: LiveServer) -> None:
         await wait_for(pilot, lambda: app.connected and not banner.visible_message, timeout=30, what="connected")
         await asyncio.to_thread(live.stop)
         await wait_for(pilot, lambda: "disconnected" in banner.visible_message, timeout=30, what="the banner")
-        assert "retrying" in banner.visible_message
+        assert "retry in" in banner.visible_message
         await pilot.pause(1.0)  # a few failed attempts while nobody listens
         assert app.is_running and "disconnected" in banner.visible_message
         await asyncio.to_thread(live.start)

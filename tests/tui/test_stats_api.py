@@ -130,12 +130,21 @@ async def test_hooks_add_batches_and_one_shot_stats() -> None:
 
 async def test_one_shot_models_of_the_manager_are_listed() -> None:
     app = empty_app()
-    batcher = SimpleNamespace(stats=lambda: {"queue_items": 3, "mean_batch_size": 8.0}, close=lambda: None)
-    model = SimpleNamespace(kind="embeddings", batcher=batcher, backend=SimpleNamespace(close=lambda: None))
+    batcher = SimpleNamespace(stats=lambda *_: {"queue_items": 3, "mean_batch_size": 8.0}, close=lambda: None)
+    spec = SimpleNamespace(model_id="minilm", labels=("embeddings",))
+    model = SimpleNamespace(kind="embeddings", spec=spec, batcher=batcher, backend=SimpleNamespace(close=lambda: None))
     app[MANAGER].oneshot["minilm"] = model  # type: ignore[assignment]
     async with serve(app) as client:
         body = await (await client.get("/api/v1/stats")).json()
-    assert body["one_shot"] == {"minilm": {"kind": "embeddings", "queue_items": 3, "mean_batch_size": 8.0}}
+    assert body["one_shot"] == {
+        "minilm": {
+            "kind": "embeddings",
+            "queue_items": 3,
+            "mean_batch_size": 8.0,
+            # Work is queued: in use, so keep-alive has not started.
+            **{"keep_alive": "forever", "expires_in_s": None, "in_use": True},
+        }
+    }
 
 
 async def test_stats_need_the_api_key() -> None:
@@ -162,9 +171,58 @@ def test_snapshot_of_the_real_model(live: LiveServer) -> None:
     assert model["id"] == MODEL_ID and model["backend"] == "llamacpp" and model["device"]
     assert set(model["running"]) == set(model["waiting"]) == {"interactive", "default", "batch"}
     assert model["kv_total"] > 0 and model["max_num_seqs"] == 4 and model["n_ctx"] == 1024
-    for key in ("decode_tokens_per_s", "prefill_tokens_per_s", "ttft_p95_s", "itl_p50_s", "prefix_cache_hit_rate"):
+    for key in ("decode_tokens_per_s", "prefill_tokens_per_s", "prefix_cache_hit_rate", "busy_fraction"):
         assert isinstance(model[key], float | int), key
+    assert set(model["classes"]) == {"interactive", "default", "batch"}
+    for figures in model["classes"].values():
+        assert set(figures) == {"num_requests"} | {
+            f"{kind}_p{q}_s" for kind in ("ttft", "queue_wait", "itl") for q in (50, 95)
+        }
+    # What the models panel needs: memory, context and slots, device and layers, keep-alive.
+    options = model["options"]
+    assert options["weights_mib"] > 50 and options["kv_mib"] > 0 and options["n_layers"] == 30
+    assert options["n_gpu_layers"] == 0 and options["device"] == "CPU"
+    assert model["keep_alive"] == "forever" and model["expires_in_s"] is None  # a --model: never unloaded
     assert "requests" not in model
+
+
+@pytest.mark.slow
+async def test_latencies_per_priority_class_and_per_request(live: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=120, trust_env=False) as http:
+
+        async def chat(priority: str, max_tokens: int) -> None:
+            body = {
+                "model": MODEL_ID,
+                "messages": [{"role": "user", "content": "Count to fifty."}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "priority": priority,
+            }
+            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+
+        def figures(body: dict[str, Any]) -> dict[str, Any]:
+            return next(m for m in body["models"] if m["id"] == MODEL_ID)["classes"]
+
+        before = figures((await http.get("/api/v1/stats")).json())
+        long_one = asyncio.create_task(chat("default", 200))
+        seen: dict[str, Any] = {}
+        for _ in range(300):  # the long request, while it runs: its own figures
+            requests = (await http.get("/api/v1/stats")).json()["requests"]
+            mine = [r for r in requests if r["priority_class"] == "default" and r["generated_tokens"] > 10]
+            if mine:
+                seen = mine[0]
+                break
+            await asyncio.sleep(0.05)
+        await chat("interactive", 8)
+        await chat("batch", 8)
+        await long_one
+        after = figures((await http.get("/api/v1/stats")).json())
+    assert seen["max_tokens"] == 200 and seen["ttft_s"] > 0 and seen["queue_wait_s"] >= 0
+    assert seen["tokens_per_s"] > 0  # more than a few tokens: a rate
+    for name in ("interactive", "batch", "default"):
+        assert after[name]["num_requests"] >= before[name]["num_requests"] + 1, name
+        assert 0 < after[name]["queue_wait_p50_s"] <= after[name]["ttft_p95_s"], name
+        assert after[name]["itl_p50_s"] > 0, name
 
 
 @pytest.mark.slow

@@ -1,16 +1,20 @@
-"""Top of the screen: the connection banner and the server/models header."""
+"""Top of the screen: the connection banner and the server line."""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from localserve.tui.snapshot import Snapshot, fmt_bytes, fmt_duration
+from localserve.tui.fmt import fmt_bytes, fmt_duration
+from localserve.tui.snapshot import Snapshot
 
 
 class ConnectionBanner(Widget):
-    """One line, shown only while the dashboard is not connected."""
+    """One line, shown only while the dashboard is not connected: since when,
+    when it tries again, and why (the header marks the data left on screen stale)."""
 
     DEFAULT_CSS = """
     ConnectionBanner {
@@ -30,17 +34,34 @@ class ConnectionBanner(Widget):
 
     message: reactive[str] = reactive("", layout=False)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._lost: tuple[datetime, str, datetime] | None = None  # since, reason, next try
+
     def connecting(self, label: str) -> None:
+        self._lost = None
         self.message = f"connecting to {label} …"
         self.set_classes("-visible -connecting")
 
-    def disconnected(self, reason: str, retry_in_s: float) -> None:
-        self.message = f"disconnected — retrying in {retry_in_s:g} s: {reason}"
+    def disconnected(self, reason: str, *, since: datetime, now: datetime, retry_in_s: float) -> None:
+        """The connection failed (again); `since`: when it was first lost."""
+        self._lost = (since, reason, now + timedelta(seconds=retry_in_s))
         self.set_classes("-visible")
+        self.tick(now)
 
     def connected(self) -> None:
+        self._lost = None
         self.message = ""
         self.set_classes("")
+
+    def tick(self, now: datetime) -> None:
+        """Say again how long ago the connection was lost (called every second)."""
+        if self._lost is None:
+            return
+        since, reason, next_try = self._lost
+        ago = fmt_duration((now - since).total_seconds())
+        retry = fmt_duration(max(0.0, (next_try - now).total_seconds()))
+        self.message = f"disconnected since {since:%H:%M:%S} ({ago} ago) · retry in {retry} · {reason}"
 
     @property
     def visible_message(self) -> str:
@@ -52,17 +73,16 @@ class ConnectionBanner(Widget):
 
 
 class ServerHeader(Widget):
-    """Server line (URL, uptime, CPU, memory), then one line per model
-    (generative ones, then one-shot ones: embeddings, speech)."""
+    """The server line: URL, version, uptime, CPU, memory, devices, and the
+    PAUSED / STALE marks first. Its parts wrap whole onto a second line
+    rather than being cut."""
 
     DEFAULT_CSS = """
     ServerHeader {
         height: auto;
-        max-height: 5;
+        max-height: 3;
         padding: 0 1;
         background: $panel;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
     }
     """
 
@@ -70,54 +90,46 @@ class ServerHeader(Widget):
         super().__init__(id=id)
         self.label = label
         self.snapshot: Snapshot | None = None
-        self.target_model = ""  # the model `u` would unload, marked with ▶
         self.paused = False
+        self.stale_since: datetime | None = None
 
-    def show(self, snapshot: Snapshot | None, target_model: str, paused: bool) -> None:
-        self.snapshot, self.target_model, self.paused = snapshot, target_model, paused
+    def show(self, snapshot: Snapshot | None, *, paused: bool, stale_since: datetime | None) -> None:
+        self.snapshot, self.paused, self.stale_since = snapshot, paused, stale_since
         self.refresh(layout=True)
 
-    def render(self) -> Text:
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append("localserve top", style="bold")
-        text.append(f"  {self.label}", style="cyan")
+    def parts(self) -> list[Text]:
+        parts = [Text("localserve top", style="bold"), Text(self.label, style="cyan")]
+        if self.paused:
+            parts.append(Text("⏸ PAUSED (p resumes)", style="bold reverse yellow"))
+        if self.stale_since is not None and self.snapshot is not None:
+            parts.append(Text(f"STALE {self.stale_since:%H:%M:%S}", style="bold reverse red"))
         snap = self.snapshot
         if snap is not None:
-            proc = snap.process
-            text.append(f"  v{snap.version}  up {fmt_duration(snap.uptime_s)}", style="dim")
-            text.append(f"  CPU {proc.cpu_percent:.0f}%")
-            text.append(f"  RSS {fmt_bytes(proc.rss_bytes)}")
+            parts.append(Text(f"v{snap.version}  up {fmt_duration(snap.uptime_s)}", style="dim"))
+            parts.append(Text(f"CPU {snap.process.cpu_percent:.0f}%  RSS {fmt_bytes(snap.process.rss_bytes)}"))
             if snap.devices:
-                text.append(f"  devices {'  '.join(snap.devices)}", style="dim")
-        if self.paused:
-            text.append("  ⏸ PAUSED (p resumes)", style="bold reverse yellow")
-        for line in self._model_lines():
-            text.append("\n")
-            text.append_text(line)
-        return text
+                parts.append(Text(f"devices {'  '.join(snap.devices)}", style="dim"))
+        return parts
 
-    def _model_lines(self) -> list[Text]:
-        snap = self.snapshot
-        if snap is None:
-            return [Text("no data yet", style="dim")]
-        lines = []
-        for model in snap.models:
-            marked = model.model_id == self.target_model
-            line = Text(no_wrap=True, overflow="ellipsis")
-            line.append("▶ " if marked else "  ", style="bold yellow")
-            line.append(model.model_id, style="bold green")
-            line.append(f"  {model.backend}/{model.device}", style="magenta")
-            line.append(f"  {model.max_num_seqs} slots  ctx {model.n_ctx}", style="dim")
-            line.append(f"  prefix hit {model.prefix_cache_hit_rate:.0%}  batch {model.mean_batch_size:.1f}")
+    def render(self) -> Text:
+        return wrap_parts(self.parts(), max(20, self.content_size.width))
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # type: ignore[no-untyped-def]
+        return len(wrap_parts(self.parts(), max(20, width)).split())
+
+
+def wrap_parts(parts: list[Text], width: int, gap: int = 2) -> Text:
+    """Parts on lines of `width` cells, two spaces apart; a part that does
+    not fit on the current line starts the next one (cut only if it is
+    longer than a whole line)."""
+    lines: list[Text] = []
+    line = Text(no_wrap=True, overflow="ellipsis")
+    for part in parts:
+        if line.cell_len and line.cell_len + gap + part.cell_len > width:
             lines.append(line)
-        for one_shot in snap.one_shot:
             line = Text(no_wrap=True, overflow="ellipsis")
-            line.append("  " + one_shot.model_id, style="bold blue")
-            line.append(f"  {one_shot.kind or 'one-shot'}", style="magenta")
-            line.append(f"  queue {one_shot.queue_items}  running {one_shot.in_flight}", style="dim")
-            line.append(f"  {one_shot.items_per_s:,.1f} items/s  batch {one_shot.mean_batch_size:.1f}")
-            line.append(f"  padding {one_shot.padding_ratio:.0%}  busy {one_shot.busy_fraction:.0%}", style="dim")
-            lines.append(line)
-        lines += [Text(f"  ◌ {name} loading …", style="yellow") for name in snap.loading]
-        lines += [Text(f"  ✖ {name}: {why}", style="red") for name, why in snap.load_errors.items()]
-        return lines or [Text("  no model loaded", style="dim")]
+        if line.cell_len:
+            line.append(" " * gap)
+        line.append_text(part)
+    lines.append(line)
+    return Text("\n", no_wrap=True, overflow="ellipsis").join(lines)

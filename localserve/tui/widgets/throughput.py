@@ -1,4 +1,5 @@
-"""Right panel: decode tokens/s and TTFT p95 over the last minutes, as sparklines."""
+"""Decode tokens/s and the interactive class's TTFT p95 over the last
+minutes, as sparklines (hidden on a short screen)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline
 
-from localserve.tui.snapshot import Snapshot, fmt_latency
+from localserve.tui.fmt import fmt_latency, fmt_rate
+from localserve.tui.snapshot import Snapshot
 
 HISTORY_LEN = 240  # samples: 2 minutes at one snapshot per 500 ms
 
 
 class History:
     """The last `maxlen` values of the two charted series (summed decode rate
-    over models, worst TTFT p95 of any model). Starts full of zeros, so the
-    time axis is fixed and the charts' scale starts at zero."""
+    over models, the worst interactive TTFT p95 of any model, 0 when none
+    was measured). Starts full of zeros, so the time axis is fixed and the
+    charts' scale starts at zero."""
 
     def __init__(self, maxlen: int = HISTORY_LEN) -> None:
         self.decode_tokens_per_s: deque[float] = deque([0.0] * maxlen, maxlen=maxlen)
@@ -24,7 +27,7 @@ class History:
 
     def add(self, snapshot: Snapshot) -> None:
         self.decode_tokens_per_s.append(snapshot.decode_tokens_per_s)
-        self.ttft_p95_s.append(snapshot.ttft_p95_s)
+        self.ttft_p95_s.append(snapshot.worst("interactive", "ttft_p95_s") or 0.0)
 
 
 class ThroughputPanel(Vertical):
@@ -52,30 +55,21 @@ class ThroughputPanel(Vertical):
         self.border_title = "throughput · last 2 min"
 
     def compose(self) -> ComposeResult:
-        yield Label("decode —", id="decode-label")
+        yield Label("decode -", id="decode-label")
         yield Sparkline([], summary_function=max, id="decode-chart")
-        yield Label("TTFT p95 —", id="ttft-label")
+        yield Label("interactive TTFT p95 -", id="ttft-label")
         yield Sparkline([], summary_function=max, id="ttft-chart")
-        yield Label("", id="itl-label")
 
     def record(self, snapshot: Snapshot) -> None:
         """Add a sample (also while the view is paused, so charts have no gap)."""
         self.history.add(snapshot)
 
     def show(self, snapshot: Snapshot) -> None:
-        models = snapshot.models
-        prefill = sum(m.prefill_tokens_per_s for m in models)
-        ttft_p50 = max((m.ttft_p50_s for m in models), default=0.0)
-        itl_p50 = max((m.itl_p50_s for m in models), default=0.0)
-        itl_p95 = max((m.itl_p95_s for m in models), default=0.0)
+        prefill = sum(m.prefill_tokens_per_s for m in snapshot.models)
+        ttft_p95 = snapshot.worst("interactive", "ttft_p95_s")
         self.query_one("#decode-label", Label).update(
-            f"[b]decode {snapshot.decode_tokens_per_s:,.1f} tok/s[/b]  [dim]prefill {prefill:,.0f}/s[/dim]"
+            f"[b]decode {fmt_rate(snapshot.decode_tokens_per_s)} tok/s[/b]  [dim]prefill {fmt_rate(prefill)}/s[/dim]"
         )
-        self.query_one("#ttft-label", Label).update(
-            f"[b]TTFT p95 {fmt_latency(snapshot.ttft_p95_s)}[/b]  [dim]p50 {fmt_latency(ttft_p50)}[/dim]"
-        )
-        self.query_one("#itl-label", Label).update(
-            f"[dim]inter-token p50 {fmt_latency(itl_p50)} · p95 {fmt_latency(itl_p95)}[/dim]"
-        )
+        self.query_one("#ttft-label", Label).update(f"[b]interactive TTFT p95 {fmt_latency(ttft_p95)}[/b]")
         self.query_one("#decode-chart", Sparkline).data = list(self.history.decode_tokens_per_s)
         self.query_one("#ttft-chart", Sparkline).data = list(self.history.ttft_p95_s)

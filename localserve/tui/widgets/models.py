@@ -1,0 +1,109 @@
+"""The loaded models, like `ollama ps`: memory, context and slots, device
+and offloaded layers, KV use, activity and when keep-alive unloads them."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual.widget import Widget
+
+from localserve.tui.fmt import DASH, fmt_mib, fmt_rate
+from localserve.tui.snapshot import ModelView, OneShotView, Snapshot
+from localserve.tui.widgets.tables import Col, make_table
+
+COLUMNS = (
+    Col("model", flexible=True),
+    Col("backend", shows_from=100),
+    Col("device"),
+    Col("layers", numeric=True),  # offloaded to the GPU / all
+    Col("weights", numeric=True),
+    Col("KV", numeric=True),
+    Col("ctx×slots", numeric=True),
+    Col("KV use", numeric=True),
+    Col("prefix hit", numeric=True, shows_from=185),
+    Col("avg batch", numeric=True, shows_from=185),
+    Col("busy", numeric=True, shows_from=185),
+    Col("activity", shows_from=150),
+    Col("unloads"),
+)
+
+
+def kv_style(fraction: float) -> str:
+    return "red" if fraction >= 0.9 else "yellow" if fraction >= 0.7 else "green"
+
+
+class ModelsPanel(Widget):
+    """One row per loaded model (generative, then embeddings and speech);
+    ▶ marks the model the priority panel shows and `u` unloads."""
+
+    DEFAULT_CSS = """
+    ModelsPanel {
+        height: auto;
+        border: round $primary;
+        border-title-color: $text;
+        padding: 0 1;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.snapshot: Snapshot | None = None
+        self.focused_model = ""
+        self.border_title = "models"
+
+    def show(self, snapshot: Snapshot, focused_model: str) -> None:
+        self.snapshot, self.focused_model = snapshot, focused_model
+        self.border_title = f"models: {len(snapshot.models) + len(snapshot.one_shot)}"
+        self.refresh(layout=True)
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        if snap is None:
+            return Text("waiting for the server …", style="dim")
+        rows = [self._generative(m) for m in snap.models] + [self._one_shot(m) for m in snap.one_shot]
+        notes = [Text(f"◌ {name} loading …", style="yellow") for name in snap.loading]
+        notes += [Text(f"✖ {name}: {why}", style="red") for name, why in snap.load_errors.items()]
+        if not rows:
+            return Group(*notes) if notes else Text("no model loaded", style="dim")
+        table = make_table(COLUMNS, rows, self.content_size.width)
+        return Group(table, *notes) if notes else table
+
+    def _generative(self, m: ModelView) -> list[Text | str]:
+        kv = m.kv_used / m.kv_total if m.kv_total else 0.0
+        name = Text("▶ " if m.model_id == self.focused_model else "  ", style="bold yellow")
+        name.append(m.model_id, style="bold green")
+        layers = f"{m.n_gpu_layers}/{m.n_layers}" if m.n_layers else DASH
+        activity = f"{m.num_running} run {m.num_waiting} queued · {fmt_rate(m.decode_tokens_per_s)} tok/s"
+        return [
+            name,
+            Text(m.backend, style="magenta"),
+            Text(m.device, style="magenta"),
+            layers,
+            fmt_mib(m.weights_mib),
+            fmt_mib(m.kv_mib),
+            f"{m.n_ctx}×{m.max_num_seqs}",
+            Text(f"{kv:.0%}", style=kv_style(kv)),
+            f"{m.prefix_cache_hit_rate:.0%}",
+            f"{m.mean_batch_size:.1f}",
+            f"{m.busy_fraction:.0%}",
+            activity,
+            m.keep_alive.describe(),
+        ]
+
+    def _one_shot(self, m: OneShotView) -> list[Text | str]:
+        activity = f"{m.in_flight} run {m.queue_items} queued · {fmt_rate(m.items_per_s)} items/s"
+        return [
+            Text("  " + m.model_id, style="bold blue"),
+            Text(m.kind or "one-shot", style="magenta"),
+            DASH,
+            DASH,
+            DASH,
+            DASH,
+            DASH,
+            DASH,
+            DASH,
+            f"{m.mean_batch_size:.1f}",
+            f"{m.busy_fraction:.0%}",
+            f"{activity} · padding {m.padding_ratio:.0%}",
+            m.keep_alive.describe(),
+        ]
