@@ -272,7 +272,11 @@ class LlamaCppBackend(GenerativeBackend):
         token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         k = 0
         sample_at = []
-        for chunk in batch.chunks:
+        # In slot order: with one KV stream per slot, llama.cpp puts into one
+        # micro-batch only sequences whose ids run consecutively in the batch
+        # (`split_equal`, sequential); sequences in any other order become one
+        # graph computation each, which made 16-sequence decode steps 1.5-2x slower.
+        for chunk in sorted(batch.chunks, key=lambda c: c.slot):
             slot = chunk.slot
             p = chunk.start_pos
             for tok in chunk.token_ids:

@@ -63,16 +63,20 @@ class SlotTable:
         return sum(len(s.token_ids) for s in self.slots)
 
     def pick(self, seq: Sequence) -> Slot | None:
-        """The free slot sharing the longest prefix with `seq`, else the least
-        recently used free slot (empty ones first); None if none is free."""
+        """The free slot sharing the longest prefix with `seq`, else an empty
+        one, else any; the lowest slot id among equals. None if none is free.
+
+        Low ids first keep the busy slots in one run: llama.cpp computes a run
+        of consecutive slots (KV streams) in one micro-batch, and every gap
+        between busy slots costs a graph computation of its own."""
         free = [s for s in self.slots if s.owner is None]
         if not free:
             return None
         if self.enable_prefix_cache:
-            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.last_used))
+            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.slot_id))
             if common_prefix_len(best.token_ids, seq.token_ids) > 0:
                 return best
-        return min(free, key=lambda s: (bool(s.token_ids), s.last_used))
+        return min(free, key=lambda s: (bool(s.token_ids), s.slot_id))
 
     def reuse_prefix(self, seq: Sequence, slot: Slot, running: Iterable[Sequence], plan: StepPlan) -> int:
         """Trim `slot` to the prefix it shares with `seq`, or copy a longer one

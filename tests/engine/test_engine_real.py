@@ -78,7 +78,7 @@ SIXTEEN_PROMPTS = [
     "alpha, beta, gamma, delta,",
     "first, second, third, fourth,",
     "1 2 3 4 5 6",
-    "Z Y X W V",
+    "Mercury, Venus, Earth, Mars,",
     "3, 6, 9, 12,",
 ]
 
