@@ -5,8 +5,13 @@ import os
 # How llama.cpp's threads wait at the barriers of a graph (libgomp, which
 # llama.cpp uses when built with OpenMP). It must be set before llama_cpp
 # loads libgomp, hence here; OMP_WAIT_POLICY or GOMP_SPINCOUNT set in the
-# environment win. See `thread_wait_env` and bench/thread_policy.py.
-THREAD_WAIT_DEFAULT = "passive"
+# environment (or LOCALSERVE_THREAD_WAIT) win. A short bounded spin: a thread
+# catches the next operation of the graph without a futex wake-up (sleeping at
+# once made decoding 2.3x slower at one stream), then sleeps between steps,
+# so the event loop and other models keep their cores; libgomp itself spins
+# only briefly while it runs more threads than there are cores (chat and a
+# GGUF embeddings model together). Measured with bench/thread_policy.py.
+THREAD_WAIT_DEFAULT = "spin:30000"
 
 
 def thread_wait_env(policy: str) -> dict[str, str]:
