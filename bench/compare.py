@@ -45,9 +45,9 @@ from bench.compare_servers import (  # noqa: E402
     RunningServer,
     build_llama_server,
     free_port,
-    wait_for_quiet,
     server_specs,
     server_version,
+    wait_for_quiet,
 )
 from bench.compare_summary import SERVERS, aggregate, markdown_summary, targets  # noqa: E402
 from localserve.bench.report import Slo  # noqa: E402

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
@@ -38,7 +37,22 @@ sys.path.insert(0, str(ROOT))
 from bench.compare_servers import RunningServer, ServerSpec, free_port, wait_for_quiet  # noqa: E402
 
 CHAT_MODEL = "smollm2-135m-instruct"
-WORDS = "river stone light paper garden window silver music winter table orange bridge cloud forest".split()
+WORDS = [
+    "river",
+    "stone",
+    "light",
+    "paper",
+    "garden",
+    "window",
+    "silver",
+    "music",
+    "winter",
+    "table",
+    "orange",
+    "bridge",
+    "cloud",
+    "forest",
+]
 
 
 def policy_env(policy: str) -> dict[str, str]:
@@ -194,11 +208,15 @@ def main() -> None:
             results.append(run_one(args, policy, repeat))
             with args.out.open("a") as out:
                 out.write(json.dumps({**results[-1], "time": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-    print("\npolicy        " + "  ".join(f"{c:>2} streams tok/s (ITL ms)" for c in args.streams) + "  embed alone / under chat")
+    print(
+        "\npolicy        "
+        + "  ".join(f"{c:>2} streams tok/s (ITL ms)" for c in args.streams)
+        + "  embed alone / under chat"
+    )
     for policy in policies:
         rows = [r for r in results if r["policy"] == policy]
         cells = []
-        for i, c in enumerate(args.streams):
+        for i, _c in enumerate(args.streams):
             tok = statistics.median(r["chat"][i]["tok_s"] for r in rows)
             itl = statistics.median(r["chat"][i]["itl_p50_ms"] for r in rows)
             cells.append(f"{tok:>10.1f} ({itl:5.1f})        ")
