@@ -101,6 +101,9 @@ def test_a_server_serves_them_by_those_names_and_changes_no_file(
         assert again.status_code == 200
         loaded = {m["id"] for m in http.get("/v1/models").json()["data"]}
         assert loaded == {f"{HF_NAME}:Q4_1", "smollm2:latest", f"{LMS_NAME}:Q4_1"}  # `smollm2` loaded once
+        vectors = http.post("/v1/embeddings", json={"model": ST_NAME, "input": ["a cat", "a dog"]})
+        assert vectors.status_code == 200, vectors.text  # the sentence-transformers folder of the cache
+        assert len(vectors.json()["data"][0]["embedding"]) == 384
     client = ollama.Client(host=server.base_url)
     tags = {m.model: m for m in client.list().models}
     assert tags["smollm2:135m"].size == smollm2_path.stat().st_size
