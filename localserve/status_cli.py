@@ -104,10 +104,13 @@ def fetch_loaded(url: str, api_key: str | None, timeout_s: float = 1.0) -> tuple
 def add_top_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "top",
-        help="live dashboard of a running server: queues, throughput, requests",
-        description="Watch a server's queues, throughput, KV cache and in-flight requests live "
-        "(keys: c cancel request, u unload model, p pause, s sort, q quit). Waits for the server "
-        "if it is not up yet and reconnects when it restarts.",
+        help="live dashboard of a running server: models, priority classes, requests",
+        description="Watch a server live: its models (memory, context and slots, device, GPU layers, "
+        "when keep-alive unloads them), time to first token, queue wait and inter-token latency per "
+        "priority class, throughput, requests in flight and batch jobs. Keys: ? help, / filter, "
+        "s/S/r sort, c cancel request, m next model, u unload model, p pause, q quit (cancel and "
+        "unload ask first). Waits for the server if it is not up yet and reconnects when it restarts; "
+        "meanwhile the last data stays on screen, marked stale.",
     )
     add_server_options(parser, "server to watch")
     parser.set_defaults(handler=cmd_top)

@@ -74,6 +74,15 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "expires_in_s": None,
         "in_use": True,
         "options": {"weights_mib": 98.2, "kv_mib": 45.0, "n_gpu_layers": 0, "n_layers": 30, "device": "CPU"},
+        "batch_policy": {
+            "mode": "shared",
+            "step_limit_s": 0.045,
+            "batch_in_step": 1,
+            "batch_held_back": 3,
+            "lent_slots": 0,
+            "predicted_step_s": 0.031,
+            "measured_step_s": 0.029,
+        },
     }
     coder = {
         **smol,
@@ -96,6 +105,7 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "expires_in_s": 245.0,
         "in_use": False,
         "options": {"weights_mib": 1450.0, "kv_mib": 0.0, "n_gpu_layers": 0, "n_layers": 0, "device": "NPU"},
+        "batch_policy": {"mode": "alone"},
     }
     states = ["running"] * 6 + ["waiting"] * 4
     classes = [

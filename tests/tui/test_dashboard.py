@@ -72,6 +72,10 @@ async def test_priority_panel_leads_with_interactive_figures_of_the_focused_mode
         assert rows[0][1:] == ["2", "0", "118ms", "420ms", "4.0ms", "21ms", "31ms", "58ms"]
         assert rows[2][3:5] == ["6.20s", "10.5s"]  # batch waits by design; shown apart
         assert "smollm2-135m-instruct" in str(app.query_one(ClassPanel).border_title)
+        # What the scheduler did with batch work, on the panel's bottom edge.
+        assert str(app.query_one(ClassPanel).border_subtitle) == (
+            "batch admission: shared · step limit 45ms · 1 in the last step, 3 held back"
+        )
         await pilot.press("m")  # the next model: qwen has figures only for interactive
         await pilot.pause()
         rows = [line.split() for line in screen_text(app, ClassPanel).splitlines()]

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestServer
 
-from localserve.tui.snapshot import Snapshot, fmt_duration
+from localserve.tui.fmt import fmt_duration
+from localserve.tui.snapshot import Snapshot
 from localserve.tui.source import HttpSource, SourceError, sse_data
 from tests.tui.fakes import fixed_snapshot
 from tests.tui.live import empty_app, free_port

@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from localserve.tui.fmt import fmt_latency
-from localserve.tui.snapshot import PRIORITY_CLASSES, ModelView
+from localserve.tui.models_view import ModelView
+from localserve.tui.snapshot import PRIORITY_CLASSES
 from localserve.tui.widgets.tables import Col, make_table
 
 CLASS_STYLES = {"interactive": "cyan", "default": "white", "batch": "magenta"}
@@ -66,6 +67,8 @@ class ClassPanel(Widget):
         self.model, self.has_data = model, True
         title = f"priority classes · {model.model_id}" if model else "priority classes"
         self.border_title = f"{title} · last min{extra_title}"
+        # What the scheduler did with batch work (on the bottom edge; gone on a short screen).
+        self.border_subtitle = model.batch_policy.describe() if model else ""
         self.refresh(layout=True)
 
     def render(self) -> RenderableType:

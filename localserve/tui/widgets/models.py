@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from localserve.tui.fmt import DASH, fmt_mib, fmt_rate
-from localserve.tui.snapshot import ModelView, OneShotView, Snapshot
+from localserve.tui.models_view import ModelView, OneShotView
+from localserve.tui.snapshot import Snapshot
 from localserve.tui.widgets.tables import Col, make_table
 
 COLUMNS = (
