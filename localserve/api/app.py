@@ -10,8 +10,10 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
   answer's `id`, also sent as the `X-Request-Id` header)
 * `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.openapi`;
   behind the API key like every route but /health)
-* Ollama's dialect (`api.ollama`), llama.cpp's `/infill` (`api.infill`),
-  Prometheus `/metrics` (`api.metrics`)
+* OpenAI's Responses API (`api.responses`), Anthropic's Messages API
+  (`api.messages`), Ollama's dialect (`api.ollama`), llama.cpp's `/infill`
+  (`api.infill`), Prometheus `/metrics` (`api.metrics`); every dialect is
+  an adapter over `localserve.serving`
 """
 
 from __future__ import annotations

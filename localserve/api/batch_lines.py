@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from localserve.api import chat, completions, embeddings
+from localserve.api import chat, completions, embeddings, responses
 from localserve.api.middleware import from_validation_error
+from localserve.api.responses_request import ResponsesRequest
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
@@ -51,6 +52,11 @@ async def _completion(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
     return meta.id, await completions.whole(meta, answer, body)
 
 
+async def _responses(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
+    response, answer = await responses.start(host, ResponsesRequest.model_validate(data))
+    return response.id, await responses.whole(response, answer)
+
+
 async def _embeddings(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
     return new_id("req_"), await embeddings.answer(host, embeddings.EmbeddingRequest.model_validate(data))
 
@@ -59,6 +65,7 @@ LINE_HANDLERS: dict[str, LineHandler] = {
     "/v1/chat/completions": _chat,
     "/v1/completions": _completion,
     "/v1/embeddings": _embeddings,
+    "/v1/responses": _responses,
 }
 
 

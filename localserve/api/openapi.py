@@ -14,7 +14,8 @@ What the code cannot tell is in the tables below: multipart bodies (audio,
 file uploads), content types other than JSON, and a few response shapes.
 Every error status is documented with the error envelope: OpenAI's
 `{"error": {"message", "type", "param", "code"}}`, Ollama's `{"error": "..."}`
-on Ollama's routes; a 503 always carries `Retry-After`.
+on Ollama's routes, Anthropic's `{"type": "error", "error": {"type",
+"message"}}` on the Messages routes; a 503 always carries `Retry-After`.
 
 With `--api-key`, the document needs the key like every route but
 `/health` (it lists the server's routes and models' schemas); the Host and
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
 from localserve import __version__
+from localserve.api.messages import is_messages_path
 from localserve.api.middleware import PUBLIC_PATHS
 from localserve.api.ollama import is_ollama_path
 from localserve.api.state import SETTINGS
@@ -137,6 +139,48 @@ class EmbeddingList(_Doc):
     usage: Usage
 
 
+class ResponseObject(_Doc):
+    """OpenAI's Responses API `response` (`/v1/responses`)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]
+    output_text: str
+    usage: dict[str, Any] | None
+
+
+class AnthropicMessage(_Doc):
+    """Anthropic's `message` (`/v1/messages`)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: dict[str, Any]
+
+
+class TokenCount(_Doc):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(_Doc):
+    type: str
+    message: str
+
+
+class AnthropicError(_Doc):
+    """Anthropic's error object, on the Messages routes."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 SPEECH_FORM = {
     "type": "object",
     "required": ["file", "model"],
@@ -187,8 +231,11 @@ RESPONSES: dict[str, type[BaseModel]] = {
     "localserve.api.chat.chat_completions": ChatCompletion,
     "localserve.api.completions.completions": TextCompletion,
     "localserve.api.embeddings.create_embeddings": EmbeddingList,
+    "localserve.api.responses.create_response": ResponseObject,
+    "localserve.api.messages.create_message": AnthropicMessage,
+    "localserve.api.messages.count_tokens": TokenCount,
 }
-ERROR_MODELS: tuple[type[BaseModel], ...] = (ErrorEnvelope, OllamaError)
+ERROR_MODELS: tuple[type[BaseModel], ...] = (ErrorEnvelope, OllamaError, AnthropicError)
 
 
 # ---- what the code says -----------------------------------------------------------------
@@ -258,8 +305,11 @@ def build_document(app: web.Application) -> dict[str, Any]:
         "components": {"schemas": defs.get("$defs", {})},
     }
     if app[SETTINGS].api_key:
-        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        document["security"] = [{"bearer": []}]
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},  # as Anthropic's clients send it
+        }
+        document["security"] = [{"bearer": []}, {"x-api-key": []}]
     return document
 
 
@@ -310,11 +360,13 @@ def _responses(
     if body is not None and "stream" in body.model_fields and name not in MEDIA_TYPES:
         stream_type = "application/x-ndjson" if is_ollama_path(path) else "text/event-stream"
         success[stream_type] = {"schema": {"type": "string"}}
-    error = refs[OllamaError if is_ollama_path(path) else ErrorEnvelope]
+    error = refs[OllamaError if is_ollama_path(path) else AnthropicError if is_messages_path(path) else ErrorEnvelope]
     responses: dict[str, Any] = {"200": {"description": "OK", "content": success}}
     for status in ERROR_STATUSES:
         responses[status] = {"description": "error", "content": {"application/json": {"schema": error}}}
     responses["503"]["headers"] = {"Retry-After": {"required": True, "schema": {"type": "string"}}}
+    if is_messages_path(path):  # Anthropic's status for a full queue
+        responses["529"] = {**responses["503"], "description": "overloaded: the queue is full"}
     if name == "localserve.api.app.health":  # /health answers 503 with its own body
         responses["503"] = {
             "description": "loading or failed",

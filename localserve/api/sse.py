@@ -122,3 +122,47 @@ async def _finish_with_error(writer: SseWriter, fmt: ChunkFormat, failed: Choice
     for end in ends:
         for chunk in fmt.chunks(end):
             await writer.send(chunk)
+
+
+#: A named SSE event: `event: NAME` and its `data` (Responses and Anthropic Messages streams).
+Event = tuple[str, dict[str, Any]]
+
+
+class EventFormat(Protocol):
+    """Turns an answer into named events: the opening ones, those of each
+    delta, and those that tell a failure after the stream began."""
+
+    def opening(self) -> list[Event]: ...
+
+    def events(self, delta: Delta) -> list[Event]: ...
+
+    def failure(self, exc: LocalServeError) -> list[Event]: ...
+
+
+async def stream_events(
+    request: web.Request, answer: Answer, fmt: EventFormat, *, headers: dict[str, str]
+) -> web.StreamResponse:
+    """Stream an answer as named SSE events (no `[DONE]`); a client that
+    leaves aborts the answer, as in `stream_answer`."""
+    writer = SseWriter(request, headers)
+    try:
+        async with answer:
+            for name, payload in fmt.opening():
+                await writer.send(payload, event=name)
+            async for delta in answer.deltas():
+                if isinstance(delta, ChoiceEnd) and delta.error is not None:
+                    raise delta.error
+                for name, payload in fmt.events(delta):
+                    await writer.send(payload, event=name)
+    except ConnectionResetError:
+        log.debug("client left %s during streaming; aborted", request.path)
+    except Exception as exc:
+        if not writer.started:
+            raise
+        if not isinstance(exc, LocalServeError):
+            log.exception("error while streaming %s", request.path)
+            exc = LocalServeError("The server had an unexpected error while streaming.")
+        with contextlib.suppress(ConnectionResetError):
+            for name, payload in fmt.failure(exc):
+                await writer.send(payload, event=name)
+    return writer.response

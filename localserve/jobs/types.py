@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: The endpoints a batch may target (the `url` of every input line).
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 #: Purposes a client may upload with (OpenAI's); outputs get `batch_output`.
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -183,9 +183,10 @@ class LineResult:
         usage = self.body.get("usage") if self.status_code == 200 else None
         if not isinstance(usage, dict):
             return {}
-        details = usage.get("prompt_tokens_details") or {}
+        # Chat and completions count prompt/completion tokens; the Responses API input/output tokens.
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
         return {
-            "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "input_tokens": int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
             "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-            "output_tokens": int(usage.get("completion_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
         }

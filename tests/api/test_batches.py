@@ -184,7 +184,7 @@ def test_files_api(client: openai.OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         client.batches.create(input_file_id=notes.id, endpoint="/v1/chat/completions", completion_window="1h")  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="endpoint"):
-        client.batches.create(input_file_id=notes.id, endpoint="/v1/responses", completion_window="24h")
+        client.batches.create(input_file_id=notes.id, endpoint="/v1/moderations", completion_window="24h")
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_nope")
     assert http.post("/v1/files", json={"purpose": "batch"}).status_code == 400  # not multipart

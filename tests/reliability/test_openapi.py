@@ -60,7 +60,7 @@ def test_openapi_needs_the_key_and_lists_every_route(server: ServerThread) -> No
     for must in [("POST", "/v1/chat/completions"), ("GET", "/health"), ("POST", "/v1/audio/transcriptions")]:
         assert must in documented
     # The API key is documented and required everywhere but /health.
-    assert doc["security"] == [{"bearer": []}]
+    assert doc["security"] == [{"bearer": []}, {"x-api-key": []}]  # either header carries the key
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "security" not in doc["paths"]["/openapi.json"]["get"]
     assert httpx.get(f"{server.base_url}/v1/models", timeout=30).status_code == 401
@@ -95,6 +95,8 @@ def test_errors_are_documented_with_the_envelope(server: ServerThread) -> None:
             expected = (
                 "OllamaError"
                 if path == "/" or (path.startswith("/api/") and not path.startswith("/api/v1/"))
+                else "AnthropicError"
+                if path.removeprefix("/api").startswith("/v1/messages")
                 else "ErrorEnvelope"
             )
             assert schema.endswith(expected), (path, schema)
@@ -139,7 +141,7 @@ def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, 
         if "model" in props and name != "UnloadRequest":
             model = embeddings if "Embed" in name else chat
             props["model"] = {"type": "string", "enum": [model or chat]}
-        for field in ("max_tokens", "n_predict", "num_predict"):
+        for field in ("max_tokens", "n_predict", "num_predict", "max_output_tokens"):
             if field in props:
                 props[field] = {"type": "integer", "minimum": 1, "maximum": MAX_NEW_TOKENS}
                 if field not in required:
