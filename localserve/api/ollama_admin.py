@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from localserve.api.middleware import parse_body
-from localserve.api.models_admin import delete_files, stream_pull
+from localserve.api.model_pulls import delete_files, stream_pull
 from localserve.errors import InvalidRequestError, LocalServeError, ModelNotFoundError
 from localserve.models.discovery import find, set_alias
 from localserve.models.hub_progress import PullProgress

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localserve.config import MODEL_DEFAULTS
-from localserve.models.backend_registry import (
+from localserve.models.backend_spec import (
     CHAT,
     EMBEDDINGS,
     LLAMACPP,

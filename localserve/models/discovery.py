@@ -24,11 +24,12 @@ from typing import Any
 from localserve.config import data_home
 from localserve.models import hf_cache, lmstudio, ollama_store
 from localserve.models.backend_registry import CHAT, EMBEDDINGS, TRANSCRIPTION, BackendSpec, detect, named
-from localserve.models.catalog import CatalogEntry, load_catalog, local_path, locate_entry, missing_message
+from localserve.models.catalog import CatalogEntry, load_catalog, missing_message
 from localserve.models.local import LocalModel, disk_size, folder_files
 from localserve.models.names import validate_model_id
 from localserve.models.policy import ASR, kind_of
 from localserve.models.policy import EMBEDDINGS as EMBEDDINGS_KIND
+from localserve.models.sources import local_path, locate_entry
 
 ALIASES_FILE = "aliases.json"
 _KIND_OF_POLICY = {ASR: TRANSCRIPTION, EMBEDDINGS_KIND: EMBEDDINGS}

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from localserve.errors import InvalidRequestError, ModelNotFoundError
 from localserve.models import hf_cache
-from localserve.models.catalog import hub_files, load_catalog, locate_entry
+from localserve.models.catalog import hub_files, load_catalog
 from localserve.models.discovery import find
 from localserve.models.local import LMSTUDIO, OLLAMA
+from localserve.models.sources import locate_entry
 
 
 def remove(name: str) -> int:

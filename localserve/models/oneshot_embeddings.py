@@ -109,10 +109,10 @@ def open_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tupl
 
 
 def onnx_install_hint() -> str:
-    """How to install ONNX Runtime embeddings: the backend registry's extra."""
-    from localserve.models.backend_registry import EMBEDDINGS, named
-
-    return named(ONNX, EMBEDDINGS).missing() or "pip install onnxruntime onnx tokenizers"
+    """How to install ONNX Runtime embeddings: the `onnx` extra (the extra the
+    backend registry names for it, models/builtin_backends.py; not imported
+    from there, which imports this module)."""
+    return "pip install 'localserve[onnx]'"
 
 
 def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]

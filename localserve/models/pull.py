@@ -31,8 +31,7 @@ from typing import Any
 
 from localserve.errors import ChecksumMismatchError, InvalidRequestError, ModelNotFoundError, PullError
 from localserve.models import hf_cache
-from localserve.models.catalog import CatalogEntry, HubSource, hub_files, hub_path, load_catalog, locate_entry
-from localserve.models.catalog import parse_hub_uri as parse_hub_uri
+from localserve.models.catalog import CatalogEntry, HubSource, hub_files, load_catalog, parse_hub_uri
 from localserve.models.hub_errors import hub_error
 from localserve.models.hub_progress import (
     Meter,
@@ -44,6 +43,7 @@ from localserve.models.hub_progress import (
     thread_progress,
 )
 from localserve.models.names import gguf_models, pick_gguf, split_tag, validate_model_id
+from localserve.models.sources import hub_path, locate_entry
 
 __all__ = ["PullCancelled", "PullProgress", "PullResult", "plan_pull", "pull"]
 
