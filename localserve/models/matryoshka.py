@@ -7,10 +7,11 @@ dimensions, renormalised, are an embedding of their own. Other models
 dimensions are just a worse vector, so they take only their own size.
 
 Known Matryoshka models are matched by name: the model id, the file or
-folder name, or a GGUF's `general.name` contains the key below (so
-`nomic-embed-text-v1.5`, a `nomic-embed-text-v1.5.Q4_K_M.gguf` served
-under its file name, and Ollama's `nomic-embed-text`, whose GGUF is named
-`nomic-embed-text-v1.5`, all count).
+folder name, or a GGUF's `general.name` contains a key of
+`MATRYOSHKA_MODELS` (so the catalog's `nomic-embed-text-v1.5`, a
+`nomic-embed-text-v1.5.Q4_K_M.gguf` served under its file name, and a blob
+without a telling file name, as Ollama stores models, whose header names it,
+all count).
 """
 
 from __future__ import annotations
@@ -88,11 +89,12 @@ def shorten(vector: np.ndarray, dimensions: int, rule: MatryoshkaRule) -> np.nda
 @lru_cache(maxsize=64)
 def _gguf_name(path: Path) -> str:
     """A GGUF's `general.name`, or "" (not a GGUF, unreadable, no name)."""
-    if path.suffix.lower() != ".gguf" or not path.is_file():
-        return ""
     from localserve.models.gguf_shape import read_gguf_fields
 
     try:
+        with path.open("rb") as file:  # Ollama's blobs have no .gguf suffix: look at the magic
+            if file.read(4) != b"GGUF":
+                return ""
         return str(read_gguf_fields(path).get("general.name", ""))
-    except (LocalServeError, OSError):
+    except (LocalServeError, OSError):  # a folder, a missing or damaged file
         return ""

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from localserve.models import hf_cache
-from tests.api.harness import ServerThread
+from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec
+from tests.api.harness import ServerThread, make_settings
 from tests.models.hub import FakeHub
 from tests.models.test_store_catalog import BAD_IDS
 
@@ -58,8 +59,26 @@ def test_a_request_for_an_unloaded_model_loads_it(start_server: Callable[..., Se
         assert "all-minilm-l6-v2" not in loaded(http)  # refused before loading
 
 
-def test_two_models_load_and_answer_concurrently(start_server: Callable[..., ServerThread]) -> None:
-    server = start_server()
+class HeldManager(ModelManager):
+    """Every model it loads computes no step until the test opens `gate`: a
+    request stays in flight however fast or slow the machine is."""
+
+    gate = threading.Event()
+
+    async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
+        loaded = await super().load(spec)
+        if spec.model_id in self.engine.model_ids():  # a generative model: hold its step thread
+            self.engine.set_fault_hook(spec.model_id, lambda batch: HeldManager.gate.wait(120))
+        return loaded
+
+
+def test_two_models_load_and_answer_concurrently(catalog: Path) -> None:
+    """Decided from state, not timing: both models load on demand and each
+    holds a running request at the same moment (their steps are held until
+    then), then both answer in full."""
+    HeldManager.gate.clear()
+    settings = make_settings(models=[], parallel=2, ctx_size=512, kv_size=1024, threads=1)
+    server = ServerThread(settings, HeldManager).start()
     num_chunks: dict[str, int] = {}
 
     def stream(model: str) -> None:
@@ -70,20 +89,28 @@ def test_two_models_load_and_answer_concurrently(start_server: Callable[..., Ser
             "ignore_eos": True,
             "stream": True,
         }
-        with httpx.Client(base_url=server.base_url, timeout=60) as http, http.stream("POST", CHAT, json=body) as r:
+        with httpx.Client(base_url=server.base_url, timeout=180) as http, http.stream("POST", CHAT, json=body) as r:
             assert r.status_code == 200
             num_chunks[model] = sum(1 for line in r.iter_lines() if line.startswith("data: {"))
 
     threads = [threading.Thread(target=stream, args=(m,)) for m in ("tiny-a", "tiny-b")]
-    for thread in threads:
-        thread.start()  # both load on demand, at the same time
-    together = wait_for(lambda: _in_flight(server, "tiny-a") > 0 and _in_flight(server, "tiny-b") > 0, 30)
-    for thread in threads:
-        thread.join(60)
-    assert together, "the two models never had requests in flight at the same time"
-    assert set(num_chunks) == {"tiny-a", "tiny-b"} and min(num_chunks.values()) > 100
-    with httpx.Client(base_url=server.base_url) as http:
-        assert set(loaded(http)) == {"tiny-a", "tiny-b"}
+    try:
+        server.wait_healthy(30)
+        for thread in threads:
+            thread.start()  # both load on demand, at the same time
+        together = wait_for(lambda: _in_flight(server, "tiny-a") > 0 and _in_flight(server, "tiny-b") > 0, 120)
+        assert together, "the two models never had requests in flight at the same time"
+        time.sleep(0.5)  # ample for 300 tokens of these models, were their steps not held
+        assert _in_flight(server, "tiny-a") == 1 and _in_flight(server, "tiny-b") == 1 and not num_chunks
+        HeldManager.gate.set()
+        for thread in threads:
+            thread.join(120)
+        assert set(num_chunks) == {"tiny-a", "tiny-b"} and min(num_chunks.values()) > 100
+        with httpx.Client(base_url=server.base_url) as http:
+            assert set(loaded(http)) == {"tiny-a", "tiny-b"}
+    finally:
+        HeldManager.gate.set()
+        server.stop()
 
 
 def _in_flight(server: ServerThread, model_id: str) -> int:

@@ -21,8 +21,10 @@ from localserve.backends import template_sandbox
 from localserve.backends.chat_template import ChatTemplate, _raise_exception, _tojson
 from localserve.errors import InvalidRequestError
 from localserve.jobs.validate import Limits, read_bodies, validate_file
+from localserve.models.gguf_shape import read_gguf_shape
 from localserve.models.names import MODEL_NAME_RE as MODEL_ID_RE
 from localserve.models.names import validate_model_id
+from localserve.models.oneshot import gguf_architecture
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.reliability.conftest import SPEECH_MODEL
 
@@ -352,3 +354,40 @@ def test_truncated_multipart_is_a_400_that_says_so(fuzz_server: ServerThread, ro
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error"
         assert "malformed or truncated" in error["message"], error["message"]
+
+
+# ---- GGUF headers ----------------------------------------------------------------------
+
+GGUF_V3 = b"GGUF" + (3).to_bytes(4, "little")
+#: Counts and lengths at their edges (past the file, past any index), or any.
+U64 = st.one_of(st.sampled_from([0, 1, 2, 20, 2**31, 2**40, 2**63 + 5, 2**64 - 1]), st.integers(0, 2**64 - 1)).map(
+    lambda n: n.to_bytes(8, "little")
+)
+VALUE_TYPE = st.integers(0, 14).map(lambda n: n.to_bytes(4, "little"))  # 0-12 are GGUF's, 13-14 are not
+FIELD = st.tuples(U64, st.sampled_from([b"general.architecture", b"llama.block_count", b"x"]), VALUE_TYPE, U64)
+GGUF_HEADERS = st.tuples(U64, U64, st.lists(FIELD.map(b"".join), max_size=4), st.binary(max_size=32)).map(
+    lambda parts: GGUF_V3 + parts[0] + parts[1] + b"".join(parts[2]) + parts[3]
+)
+
+
+@FUZZ
+@given(GGUF_HEADERS)
+def test_damaged_gguf_headers_are_a_400_never_a_crash(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    """A file with GGUF's magic and garbage after it: `localserve run` and
+    `serve` once ended in OverflowError ("cannot fit 'int' into an
+    index-sized integer") for a key length past any index."""
+    path = tmp_path_factory.mktemp("gguf") / "damaged.gguf"
+    path.write_bytes(data)
+    try:
+        read_gguf_shape(path)
+    except InvalidRequestError as exc:
+        assert exc.status == 400 and str(path) in exc.message
+    architecture = gguf_architecture(path)  # what model detection reads first: None or a name, never a crash
+    assert architecture is None or isinstance(architecture, str)
+
+
+def test_an_empty_gguf_file_is_a_400(tmp_path: Path) -> None:
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    with pytest.raises(InvalidRequestError, match="not a readable GGUF file"):
+        read_gguf_shape(path)

@@ -215,6 +215,31 @@ def test_sigterm_drains_then_exits_zero(server_process: Any) -> None:
     )
 
 
+def test_a_second_sigterm_ends_the_drain_at_once(server_process: Any) -> None:
+    """A second SIGTERM while the server drains (a long --shutdown-timeout):
+    the requests still running end now, as at the timeout (the error finish
+    and event, not a stream cut mid-chunk), one log line says so, and the
+    server exits 0 as after one signal."""
+    srv = server_process("--parallel", "2", "--ctx-size", "4096", "--kv-size", "8192", "--shutdown-timeout", "300")
+    long = StreamWatcher(srv.base_url, chat("Write a long essay.", max_tokens=3500, ignore_eos=True))
+    long.start()
+    assert long.first_token.wait(120) and long.error is None
+    srv.terminate()
+    time.sleep(1.5)
+    assert long.is_alive(), "the stream ended at the first signal: nothing was tested"
+    second_at = time.monotonic()
+    srv.terminate()
+    long.join(60)
+    exit_code = srv.wait(60)
+    log = srv.log()
+    assert exit_code == 0, log
+    assert long.ended_at - second_at < 15, log  # not the 300 s drain
+    assert_ended_by_shutdown(long)
+    lines = [line for line in log.splitlines() if "SIGTERM again" in line]
+    assert len(lines) == 1 and "ended the 1 requests still running" in lines[0], log
+    assert "Traceback" not in log, log
+
+
 def _batch_lines(num_lines: int) -> bytes:
     lines = [
         {
