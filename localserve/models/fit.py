@@ -3,7 +3,8 @@ GPU and how long a context each slot gets.
 
 The KV cache (backends/llamacpp.py) is one stream of `n_ctx` cells per slot,
 or, when `kv_size` is below `n_ctx * parallel`, one pool of `kv_size` cells
-the slots share. It takes `cells * kv_bytes_per_cell` bytes, split between
+the slots share (by default, when neither a context per slot nor a KV size
+was asked for, one pool of one context: see `models.plan.default_kv_pool`). It takes `cells * kv_bytes_per_cell` bytes, split between
 the GPU (the offloaded layers) and RAM (the rest). The fit:
 
 1. asks for `ctx_size` per slot (0: the model's training context), never
@@ -57,13 +58,16 @@ class Memory:
     gpu_offload: bool = False  # this llama.cpp build can offload layers
 
 
+ONE_CONTEXT_POOL = -1  # FitRequest.kv_size: the slots share one pool of one context (ctx_size cells)
+
+
 @dataclass(frozen=True, slots=True)
 class FitRequest:
     """The options that size a load (already resolved: request > flag > config > catalog > default)."""
 
     ctx_size: int  # per slot; 0 = the model's training context
     parallel: int
-    kv_size: int = 0  # KV cells over all slots; 0 = ctx_size * parallel
+    kv_size: int = 0  # KV cells over all slots; 0 = ctx_size * parallel; ONE_CONTEXT_POOL = one context's cells, shared
     n_gpu_layers: int | None = None  # None = auto, -1 = all
     use_gpu: bool = True  # False: device cpu
 
@@ -96,7 +100,10 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     if shape.n_ctx_train and ctx > shape.n_ctx_train:
         notes.append(f"ctx {ctx} > the model's training context: {shape.n_ctx_train}")
         ctx = shape.n_ctx_train
-    cells = max(want.kv_size, ctx) if 0 < want.kv_size < ctx * parallel else ctx * parallel
+    if want.kv_size == ONE_CONTEXT_POOL:
+        cells = ctx
+    else:
+        cells = max(want.kv_size, ctx) if 0 < want.kv_size < ctx * parallel else ctx * parallel
     layers = _gpu_layers(shape, memory, want, cells, notes)
     on_gpu = shape.n_layers if layers == ALL_LAYERS else layers
     kv_gpu_per_cell = sum(shape.kv_bytes_per_layer[:on_gpu])

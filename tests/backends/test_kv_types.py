@@ -57,3 +57,14 @@ def test_smollm2_answers_with_a_quantized_kv_cache(smollm2_path: Path, cache_typ
         assert "Paris" in text
     finally:
         backend.close()
+
+
+def test_by_default_the_slots_share_one_context_of_kv_like_llama_server(smollm2_path: Path) -> None:
+    def fit(**settings: int):  # type: ignore[no-untyped-def]
+        return plan_llamacpp("smollm2-135m-instruct", smollm2_path, ServerSettings(**settings), ModelOptions()).fit
+
+    default = fit()
+    assert default.shared_pool and default.kv_tokens == default.n_ctx  # 8 slots share 8192 cells, not 8 x 8192
+    streams = fit(ctx_size=1024, parallel=16)  # a context per slot asked for: a stream each
+    assert not streams.shared_pool and streams.kv_tokens == 16 * 1024
+    assert not fit(kv_size=0).shared_pool  # kv_size 0 asked for: ctx x parallel
