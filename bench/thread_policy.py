@@ -154,6 +154,12 @@ async def embeddings(url: str, model: str, clients: int, seconds: float, chat_st
     return {"alone_items_s": alone, "under_chat_items_s": loaded, "chat_tok_s_meanwhile": round(chat_tok_s, 1)}
 
 
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of `pid` in MiB, after the chat levels."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return tuple(round(int(fields[k].split()[0]) / 1024, 1) for k in ("VmRSS", "VmHWM"))  # type: ignore[return-value]
+
+
 def run_one(args: argparse.Namespace, policy: str, repeat: int) -> dict[str, Any]:
     load = wait_for_quiet(args.max_wait_quiet)
     port = free_port()
@@ -170,6 +176,7 @@ def run_one(args: argparse.Namespace, policy: str, repeat: int) -> dict[str, Any
             asyncio.run(chat_level(url, c, args.requests_per_stream * c, args.output_tokens, args.prompt_words, c))
             for c in args.streams
         ]
+        result["rss_mib"], result["peak_rss_mib"] = rss_mib(server.process.pid if server.process else 0)
         if args.embed_model:
             result["embeddings"] = asyncio.run(
                 embeddings(url, args.embed_model, args.embed_clients, args.embed_seconds, args.chat_streams)
@@ -226,6 +233,7 @@ def main() -> None:
             under = statistics.median(r["embeddings"]["under_chat_items_s"] for r in rows)
             emb = f"{alone:.1f} / {under:.1f}"
         print(f"{policy:<14}" + "  ".join(cells) + emb)
+    print(f"RSS MiB after the chat levels: {[(r['policy'], r['rss_mib']) for r in results]}")
     print(f"load average before each run: {[r['loadavg_before'] for r in results]}")
 
 
