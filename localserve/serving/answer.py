@@ -66,7 +66,9 @@ class ChoiceStream:
     calls read out of it (`ToolCallParser`), and a `ChoiceEnd` last. Keeps
     the choice's output token ids and when its first token came."""
 
-    def __init__(self, index: int, *, tools: bool, stops: tuple[str, ...] = (), tokenizer: Tokenizer | None = None):
+    def __init__(
+        self, index: int, *, tools: bool, stops: tuple[str, ...] = (), tokenizer: Tokenizer | None = None
+    ) -> None:
         self.index = index
         self.token_ids: list[int] = []
         self.first_token_ns = 0
@@ -96,11 +98,11 @@ class ChoiceStream:
             if parser is not None:
                 out += _typed(index, parser, parser.finish(), ())
                 num_calls = len(parser.calls)
-            stop = self.stop_sequence(event, self.token_ids)
+            stop = self.stop_sequence(event)
             out.append(ChoiceEnd(index, event.finish_reason.value, _usage(event), num_calls, stop))
         return out
 
-    def stop_sequence(self, event: TokenEvent, token_ids: list[int]) -> str | None:
+    def stop_sequence(self, event: TokenEvent) -> str | None:
         """The stop string that ended the choice, if one did. The engine keeps
         an end-of-generation token out of its event, so a "stop" whose event
         carries tokens was a stop string: the one found in the last tokens."""
@@ -108,7 +110,7 @@ class ChoiceStream:
             return None
         if len(self._stops) == 1 or self._tokenizer is None:
             return self._stops[0]
-        tail = self._tokenizer.decode(token_ids[-(max(len(s) for s in self._stops) + 4) :])
+        tail = self._tokenizer.decode(self.token_ids[-(max(len(s) for s in self._stops) + 4) :])
         found = [(position, stop) for stop in self._stops if (position := tail.find(stop)) != -1]
         return min(found)[1] if found else None
 
@@ -203,15 +205,15 @@ class Answer:
                     raise event_error(event)
                 result = results[index]
                 result.text += event.text
-                result.token_ids.extend(event.token_ids)
                 result.logprobs.extend(event.logprobs)
                 if event.finish_reason is not None:
                     result.finish_reason = event.finish_reason.value
                     result.usage = _usage(event)
-                    result.stop_sequence = self._choices[index].stop_sequence(event, result.token_ids)
+                    result.stop_sequence = self._choices[index].stop_sequence(event)
         finally:
             self.abort()
-        for result in results:
+        for result, choice in zip(results, self._choices, strict=True):
+            result.token_ids = choice.token_ids
             if self.plan is None:
                 result.content = result.text
             else:
