@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from localserve.api.schemas import FUNCTION_NAME, MAX_TOOLS
+from localserve.api.unicode_text import check_unicode
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
@@ -66,6 +67,13 @@ class TextConfig(_Model):
 
 class ResponsesRequest(_Model):
     """Body of `POST /v1/responses`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # Over HTTP parse_body has checked already; a Batch API line is validated here alone.
+        check_unicode(data)
+        return data
 
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]]
