@@ -294,6 +294,11 @@ def test_serve_exits_1_with_one_line_when_a_startup_model_cannot_load(tmp_path: 
     result = run_cli("serve", "--model", str(garbage), "--port", str(_free_port()), timeout=120)
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result, "could not load model", str(garbage), "not a readable GGUF file")
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model\n")
+    result = run_cli("serve", "--model", str(text), "--port", str(_free_port()), timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result, str(text))
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def describe(exc: BaseException | None) -> str:
     return detail if len(detail) <= MAX_DETAIL_CHARS else detail[: MAX_DETAIL_CHARS - 3] + "..."
 
 
-class JsonErrorRequestHandler(RequestHandler):  # type: ignore[misc]
+class JsonErrorRequestHandler(RequestHandler):
     """aiohttp's protocol handler with JSON error answers and one-line logs
     for requests the parser refused."""
 
