@@ -212,6 +212,13 @@ def load_catalog(user_path: Path | None = None) -> dict[str, CatalogEntry]:
     return entries
 
 
+def catalog_backend(model_id: str) -> str:
+    """The `backend` of the model's catalog entry ("" if it has none): how a
+    catalog id picks a runtime for a folder that several backends can load."""
+    entry = load_catalog().get(model_id)
+    return entry.backend if entry is not None else ""
+
+
 def option_layers(model_id: str, user_path: Path | None = None) -> tuple[ModelOptions, ModelOptions]:
     """(the built-in catalog's options, the user's file's options) of a model."""
     builtin = builtin_catalog().get(model_id)

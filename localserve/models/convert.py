@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -31,6 +32,9 @@ NORMALIZE_KEY = "localserve.embedding.normalize"
 #: progress(stage, done, total): stage is a tensor name or "done".
 Progress = Callable[[str, int, int], None]
 
+
+log = logging.getLogger(__name__)
+
 # Kept in float32 whatever the output type, as convert_hf_to_gguf.py does.
 _F32_TENSORS = ("position_embd.weight", "token_types.weight")
 # Weights llama.cpp does not use for embeddings (BERT's pooler, MLM heads).
@@ -46,6 +50,21 @@ def model_store() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("localserve", appauthor=False)) / "models"
+
+
+def log_progress(model_id: str, target: str = "GGUF") -> Progress:
+    """A `Progress` that logs a conversion of `model_id` to `target` every quarter."""
+    last = [-1]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        quarter = 4 * done // max(1, total)
+        if stage == "done":
+            log.info("converted %s to %s", model_id, target)
+        elif quarter != last[0]:
+            last[0] = quarter
+            log.info("converting %s to %s: %d%% (%s)", model_id, target, 100 * done // max(1, total), stage)
+
+    return progress
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ off the event loop."""
 from __future__ import annotations
 
 import json
-import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +13,6 @@ from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
-
-log = logging.getLogger(__name__)
 
 EMBEDDINGS = "embeddings"
 TRANSCRIPTION = "transcription"
@@ -107,30 +104,6 @@ def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings)
         speech_backend, loaded_path = open_speech(model_id, path, settings)
         return OneShotOpened(speech_backend, batching, loaded_path)
     raise InvalidRequestError(f"unknown one-shot model kind {kind!r}")
-
-
-def catalog_backend(model_id: str) -> str:
-    """The `backend` of the model's catalog entry ("" if it has none): how a
-    catalog id picks a runtime for a folder that several backends can load."""
-    from localserve.models.catalog import load_catalog
-
-    entry = load_catalog().get(model_id)
-    return entry.backend if entry is not None else ""
-
-
-def log_progress(model_id: str, target: str = "GGUF"):  # type: ignore[no-untyped-def]
-    """A progress callback that logs a conversion every quarter."""
-    last = [-1]
-
-    def progress(stage: str, done: int, total: int) -> None:
-        quarter = 4 * done // max(1, total)
-        if stage == "done":
-            log.info("converted %s to %s", model_id, target)
-        elif quarter != last[0]:
-            last[0] = quarter
-            log.info("converting %s to %s: %d%% (%s)", model_id, target, 100 * done // max(1, total), stage)
-
-    return progress
 
 
 def _read_json(path: Path) -> dict:  # type: ignore[type-arg]

@@ -87,7 +87,7 @@ def listed_backend(declared: str, path: Path | None) -> str:
 
 def open_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
     """The backend and what it loaded (blocking: converts on first use)."""
-    from localserve.models.oneshot import catalog_backend
+    from localserve.models.catalog import catalog_backend
 
     choice = choose_embeddings_backend(path, catalog_backend(model_id))
     log.info("%s: embeddings on %s (%s)", model_id, choice.backend, choice.reason)
@@ -122,8 +122,8 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
     if missing:  # before a conversion that would need `onnx`
         raise ModuleNotFoundError(missing)
     if path.is_dir():
+        from localserve.models.convert import log_progress
         from localserve.models.convert_onnx import cached_onnx
-        from localserve.models.oneshot import log_progress
 
         path = cached_onnx(path, model_id, progress=log_progress(model_id, "ONNX"))
     config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
@@ -134,8 +134,7 @@ def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple
     from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
 
     if path.is_dir():
-        from localserve.models.convert import cached_gguf
-        from localserve.models.oneshot import log_progress
+        from localserve.models.convert import cached_gguf, log_progress
 
         path = cached_gguf(path, model_id, progress=log_progress(model_id))
     config = LlamaEmbeddingConfig(str(path), n_threads=settings.threads, device=settings.device or "auto")

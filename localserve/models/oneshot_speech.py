@@ -9,14 +9,11 @@ that backend directly.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
-from localserve.models.convert import Progress
-
-log = logging.getLogger(__name__)
+from localserve.models.convert import log_progress
 
 FASTER_WHISPER, WHISPER_CPP, OPENVINO = "whisper", "whisper.cpp", "openvino"
 SPEECH_BACKENDS = (FASTER_WHISPER, WHISPER_CPP, OPENVINO)
@@ -24,9 +21,9 @@ SPEECH_BACKENDS = (FASTER_WHISPER, WHISPER_CPP, OPENVINO)
 
 def speech_backend(model_id: str, path: Path) -> str:
     """The backend for `path`: by its format, else by the catalog entry."""
+    from localserve.models.catalog import catalog_backend
     from localserve.models.convert_whisper import is_ggml_whisper
     from localserve.models.convert_whisper_openvino import is_openvino_whisper
-    from localserve.models.oneshot import catalog_backend
 
     if path.is_file() and is_ggml_whisper(path):
         return WHISPER_CPP
@@ -45,29 +42,15 @@ def open_speech(model_id: str, path: Path, settings: ServerSettings) -> tuple[On
         from localserve.models.convert_whisper import cached_ggml
 
         if path.is_dir():
-            path = cached_ggml(path, model_id, progress=_log_progress(model_id, "whisper.cpp ggml"))
+            path = cached_ggml(path, model_id, progress=log_progress(model_id, "whisper.cpp ggml"))
         return WhisperCppBackend(WhisperCppConfig(str(path), device, settings.threads)), path
     if backend == OPENVINO:
         from localserve.backends.openvino_whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig
         from localserve.models.convert_whisper_openvino import cached_openvino, is_openvino_whisper
 
         if not is_openvino_whisper(path):
-            path = cached_openvino(path, model_id, progress=_log_progress(model_id, "OpenVINO IR"))
+            path = cached_openvino(path, model_id, progress=log_progress(model_id, "OpenVINO IR"))
         return OpenVinoWhisperBackend(OpenVinoWhisperConfig(str(path), device, settings.threads)), path
     from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
 
     return FasterWhisperBackend(WhisperConfig(str(path), device=device, n_threads=settings.threads)), path
-
-
-def _log_progress(model_id: str, target: str) -> Progress:
-    last = [-1]
-
-    def progress(stage: str, done: int, total: int) -> None:
-        quarter = 4 * done // max(1, total)
-        if stage == "done":
-            log.info("converted %s to %s", model_id, target)
-        elif quarter != last[0]:
-            last[0] = quarter
-            log.info("converting %s to %s: %d%% (%s)", model_id, target, 100 * done // max(1, total), stage)
-
-    return progress

@@ -362,7 +362,7 @@ def test_without_onnxruntime_the_default_id_falls_back_to_llama_cpp(
 
 
 def test_the_explicit_ids_name_their_backend(source: Path, tmp_path: Path) -> None:
-    from localserve.models.oneshot import catalog_backend
+    from localserve.models.catalog import catalog_backend
     from localserve.models.oneshot_embeddings import EmbeddingsChoice, choose_embeddings_backend
 
     for model_id, expected in (
