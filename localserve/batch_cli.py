@@ -8,14 +8,13 @@ import os
 import sys
 from typing import Any
 
+from localserve import cli_options
 from localserve.jobs.types import BATCH_ENDPOINTS
 
 DEFAULT_CONCURRENCY = 8
 
 
 def add_batch_command(subparsers: Any) -> None:
-    from localserve import cli  # the option helpers; cli imports this module lazily
-
     parser = subparsers.add_parser(
         "batch",
         help="run OpenAI batch files offline (the server has /v1/batches)",
@@ -54,7 +53,7 @@ def add_batch_command(subparsers: Any) -> None:
     )
     run.add_argument(
         "--concurrency",
-        type=cli._int_at_least(1),
+        type=cli_options.int_at_least(1),
         default=DEFAULT_CONCURRENCY,
         metavar="N",
         help=f"requests in flight, and the model's parallel slots (default: {DEFAULT_CONCURRENCY})",
@@ -72,26 +71,25 @@ def add_batch_command(subparsers: Any) -> None:
     )
     run.add_argument(
         "--replicas",
-        type=cli._int_at_least(1),
+        type=cli_options.int_at_least(1),
         default=None,
         metavar="N",
         help="with --ray: engine replicas, one model each, with --concurrency slots and --threads threads "
         "(default: one per node)",
     )
-    cli.add_options(run, cli.RUN_OPTIONS)
+    cli_options.add_options(run, cli_options.RUN_OPTIONS)
     run.set_defaults(handler=cmd_batch_run)
 
 
 def cmd_batch_run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from localserve import cli
     from localserve.config import ServerSettings
 
     if args.replicas is not None and args.ray is None:
-        raise cli.CliError("--replicas needs --ray")
+        raise cli_options.CliError("--replicas needs --ray")
 
-    values = cli.resolve_options(args, cli.RUN_OPTIONS, os.environ)
+    values = cli_options.resolve_options(args, cli_options.RUN_OPTIONS, os.environ)
     settings = ServerSettings(
         models=[],
         parallel=args.concurrency,
@@ -141,10 +139,8 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
                 progress=None if args.quiet else ReplicaProgress(sys.stderr),
             )
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
-        from localserve import cli
-
         where = f": {exc.filename}" if exc.filename else ""
-        raise cli.CliError(f"{exc.strerror or exc}{where} (INPUT {args.input}, OUTPUT {args.output})") from None
+        raise cli_options.CliError(f"{exc.strerror or exc}{where} (INPUT {args.input}, OUTPUT {args.output})") from None
     except BatchFileError as exc:
         for error in exc.validation.errors[:20]:
             where = f"line {error.line}: " if error.line else ""

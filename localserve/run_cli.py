@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localserve import cli_options
 from localserve.config import ServerSettings
 
 if TYPE_CHECKING:
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
 
 
 def add_run_command(subparsers: Any) -> None:
-    from localserve import cli  # the option helpers; cli imports this module lazily
-
     parser = subparsers.add_parser(
         "run",
         help="generate once in the terminal, streaming (no server)",
@@ -29,14 +28,14 @@ def add_run_command(subparsers: Any) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help='the prompt text; "-" reads it from stdin')
     parser.add_argument(
         "--max-tokens",
-        type=cli._int_at_least(1),
+        type=cli_options.int_at_least(1),
         default=256,
         metavar="N",
         help="most tokens to generate (default: 256)",
     )
     parser.add_argument(
         "--temperature",
-        type=cli._non_negative,
+        type=cli_options.non_negative,
         default=0.8,
         metavar="T",
         help="sampling temperature; 0 = greedy (default: 0.8)",
@@ -53,16 +52,14 @@ def add_run_command(subparsers: Any) -> None:
     parser.add_argument(
         "--raw", action="store_true", help="send PROMPT as is, without the chat template (plain completion)"
     )
-    cli.add_options(parser, cli.RUN_OPTIONS)
+    cli_options.add_options(parser, cli_options.RUN_OPTIONS)
     parser.set_defaults(handler=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from localserve import cli
-
-    values = cli.resolve_options(args, cli.RUN_OPTIONS, os.environ)
+    values = cli_options.resolve_options(args, cli_options.RUN_OPTIONS, os.environ)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     settings = ServerSettings(
         models=[args.model],
@@ -79,7 +76,6 @@ def resolve_chat_model(text: str) -> Any:
     """The spec of a model `run` can generate with; one line naming the chat
     models for an unknown name, and the right route for an embeddings or
     speech model."""
-    from localserve import cli
     from localserve.config import DEFAULT_MODEL
     from localserve.errors import ModelNotFoundError
     from localserve.models.catalog import load_catalog
@@ -92,14 +88,14 @@ def resolve_chat_model(text: str) -> Any:
         if not exc.message.startswith("unknown model"):
             raise
         chat_ids = ", ".join(sorted(i for i, entry in load_catalog().items() if not oneshot_kind(entry.labels)))
-        raise cli.CliError(
+        raise cli_options.CliError(
             f"unknown model {text!r}: `run` takes a chat model: a catalog id ({chat_ids}), a .gguf path, ID=PATH, "
             "or a name `localserve list` shows"
         ) from None
     kind = oneshot_kind(spec.labels)
     if kind is not None:
         route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
-        raise cli.CliError(
+        raise cli_options.CliError(
             f"{spec.model_id!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} model; `run` generates text with a "
             f"chat model (such as {DEFAULT_MODEL}). "
             f"Serve it (`localserve serve --model {text}`) and use {route}"
@@ -108,7 +104,6 @@ def resolve_chat_model(text: str) -> Any:
 
 
 async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
-    from localserve import cli
     from localserve.engine.engine import Engine
     from localserve.engine.types import SamplingParams
     from localserve.models.registry import ModelManager
@@ -131,7 +126,7 @@ async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSetti
     finally:
         await engine.close()
     if stats.error:
-        raise cli.CliError(f"generation failed: {stats.error}")
+        raise cli_options.CliError(f"generation failed: {stats.error}")
     print(stats.summary(loaded.load_seconds), file=sys.stderr)
     return 0
 

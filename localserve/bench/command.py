@@ -141,7 +141,7 @@ def add_bench_command(subparsers: Any) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from localserve.bench.session import BenchError
-    from localserve.cli import CliError
+    from localserve.cli_options import CliError
 
     try:
         return _bench(args)
