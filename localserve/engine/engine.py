@@ -243,7 +243,7 @@ class Engine:
                 "total_prompt_tokens": model.stats.total_prompt_tokens,
                 "total_output_tokens": model.stats.total_output_tokens,
                 "requests": [s.to_json(model_id) for s in snap.sequences],
-                "batch_policy": model.worker.batch_policy.to_dict(),  # issue 23: batch admission by step time
+                "batch_policy": model.worker.batch_policy.to_dict(),  # batch admission by step time (engine/batch_policy.py)
                 **model.stats.snapshot(),
             }
         return out

@@ -2,7 +2,7 @@
 never touches a model and reads no clock while it plans a step, it only
 decides what the next step computes.
 
-Rules (see DESIGN.md, "Scheduler rules"):
+Rules (docs/architecture.md, "Scheduler rules", says how they fit together):
 
 * One token budget per step (`Capacity.max_num_batched_tokens`) and at most
   `Capacity.max_num_seqs` running sequences.

@@ -45,7 +45,7 @@ Dispatch = Callable[[list[TokenEvent]], None]
 
 
 class StepWorker:
-    """Runs the step loop of DESIGN.md for one model on its own thread."""
+    """Runs the step loop (docs/architecture.md) for one model on its own thread."""
 
     def __init__(
         self,

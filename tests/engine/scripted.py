@@ -3,7 +3,7 @@
 The backend keeps a simulated KV cache per slot and samples every token from
 what that slot holds, as a real model would: if the scheduler's KV edits or
 positions were wrong, a request's tokens would differ from a run of it alone.
-The driver runs the step loop of DESIGN.md on a fake clock and checks, after
+The driver runs the step loop (docs/architecture.md) on a fake clock and checks, after
 every step, that the scheduler's view of the KV cache is the backend's. Each
 step takes `step_s` seconds, or with a `step_cost` the time that function
 gives for its tokens and sequences, and the scheduler is told so, as the
