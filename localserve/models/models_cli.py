@@ -53,7 +53,9 @@ def add_pull_command(subparsers: Any) -> None:
     parser.add_argument(
         "model", metavar="MODEL", help="a catalog id, org/repo[:QUANT] or hf://ORG/REPO[@REVISION]/FILE"
     )
-    parser.add_argument("--name", default=None, metavar="NAME", help="also serve the model under this name (default: none)")
+    parser.add_argument(
+        "--name", default=None, metavar="NAME", help="also serve the model under this name (default: none)"
+    )
     parser.add_argument("--force", action="store_true", help="download again even if it is here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=cmd_pull)

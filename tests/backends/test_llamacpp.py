@@ -15,12 +15,15 @@ from localserve.errors import DeviceNotFoundError, InvalidRequestError
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def chunk(seq_id: int, slot: int, tokens: list[int], start: int, sample: bool = True,
-          params: SamplingParams = GREEDY) -> SeqChunk:
+def chunk(
+    seq_id: int, slot: int, tokens: list[int], start: int, sample: bool = True, params: SamplingParams = GREEDY
+) -> SeqChunk:
     return SeqChunk(seq_id, slot, tuple(tokens), start, sample, params)
 
 
-def step(backend: LlamaCppBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = (), step_id: int = 0) -> dict[int, int]:
+def step(
+    backend: LlamaCppBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = (), step_id: int = 0
+) -> dict[int, int]:
     result = backend.execute(StepBatch(step_id, kv_ops, tuple(chunks)))
     assert not result.failed
     return {seq_id: s.token_id for seq_id, s in result.sampled.items()}
@@ -118,8 +121,9 @@ def test_sequences_in_one_batch_never_see_each_other(tiny: LlamaCppBackend) -> N
         tiny.execute(StepBatch(0, (), (chunk(1, 0, a[:n], 0), chunk(2, 1, other[:n], 0))))
         tiny.release([1, 2])
         pointer = llama_cpp.llama_get_logits_ith(tiny._ctx, n - 1)
-        seen.append(np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
-                                          shape=(tok.vocab_size,)).copy())
+        seen.append(
+            np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(tok.vocab_size,)).copy()
+        )
     assert np.array_equal(seen[0], seen[1])
 
 
@@ -175,8 +179,11 @@ def test_smollm2_chat_template_and_grammar_give_valid_json(smol: LlamaCppBackend
     assert not template.is_default, "SmolLM2's GGUF carries its own template"
     text = template.render([{"role": "user", "content": "Give me a person as JSON."}])
     assert text.endswith("<|im_start|>assistant\n")
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     params = SamplingParams(temperature=0.0, grammar=json_schema_to_gbnf(json.dumps(schema)))
     prompt = tok.encode(text, add_special=False)
     smol.clear_slots([0])
@@ -211,7 +218,9 @@ def test_smollm2_logprobs_are_a_distribution(smol: LlamaCppBackend) -> None:
     assert 0 < sum(math.exp(v) for _, v in lp.top) <= 1.0 + 1e-6
 
 
-def sample_run(backend: LlamaCppBackend, prompt: list[int], params: SamplingParams, n: int, seq_id: int = 11) -> list[int]:
+def sample_run(
+    backend: LlamaCppBackend, prompt: list[int], params: SamplingParams, n: int, seq_id: int = 11
+) -> list[int]:
     """Up to `n` sampled tokens, stopping after an end-of-generation token."""
     eog = backend.tokenizer().eog_token_ids
     backend.clear_slots([0])
@@ -226,8 +235,9 @@ def sample_run(backend: LlamaCppBackend, prompt: list[int], params: SamplingPara
 def test_min_tokens_and_ignore_eos_mask_end_of_generation(smol: LlamaCppBackend) -> None:
     tok = smol.tokenizer()
     template = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
-    prompt = tok.encode(template.render([{"role": "user", "content": "Reply with one word: yes or no?"}]),
-                        add_special=False)
+    prompt = tok.encode(
+        template.render([{"role": "user", "content": "Reply with one word: yes or no?"}]), add_special=False
+    )
     free = sample_run(smol, prompt, GREEDY, 40)
     assert free[-1] in tok.eog_token_ids and len(free) < 12, "the model ends a one-word answer by itself"
     held = sample_run(smol, prompt, SamplingParams(temperature=0.0, min_tokens=15), 40)
@@ -258,6 +268,6 @@ def test_grammar_resamples_when_the_free_choice_is_rejected(smol: LlamaCppBacken
     out = sample_run(smol, prompt, params, 6)
     assert out[-1] in tok.eog_token_ids, "the grammar ends, so only end-of-generation is allowed"
     assert tok.decode(out[:-1]) in (" yes", " no")
-    seeded = SamplingParams(temperature=1.0, seed=3, grammar='root ::= [0-9] [0-9] [0-9]')
+    seeded = SamplingParams(temperature=1.0, seed=3, grammar="root ::= [0-9] [0-9] [0-9]")
     digits = tok.decode(sample_run(smol, prompt, seeded, 8)[:-1])
     assert len(digits) == 3 and digits.isdigit()
