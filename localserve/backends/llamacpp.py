@@ -80,10 +80,9 @@ def _init_llama() -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         # Native code may still log while the interpreter finalizes (static
         # destructors, threads of contexts freed late); a Python callback then
-        # aborts the process. Hand logging back to llama.cpp's own before that.
-        atexit.register(
-            llama_cpp.llama_log_set, llama_cpp.llama_log_callback(), ctypes.c_void_p(0)
-        )  # NULL: the default
+        # aborts the process. Hand logging back to llama.cpp's own (a NULL
+        # callback) before that.
+        atexit.register(llama_cpp.llama_log_set, llama_cpp.llama_log_callback(), ctypes.c_void_p(0))
 
 
 def available_devices() -> list[str]:
