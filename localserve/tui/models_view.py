@@ -57,13 +57,10 @@ class BatchPolicyView:
 
     def describe(self) -> str:
         if self.mode != "shared":
-            return f"batch admission: {self.mode}" if self.mode else ""
+            return "batch: alone, no limit" if self.mode == "alone" else f"batch: {self.mode}" if self.mode else ""
         limit = f" · step limit {fmt_latency(self.step_limit_s)}" if self.step_limit_s is not None else ""
-        lent = f" · {self.lent_slots} reserved slot(s) lent" if self.lent_slots else ""
-        return (
-            f"batch admission: shared{limit} · {self.batch_in_step} in the last step, "
-            f"{self.batch_held_back} held back{lent}"
-        )
+        lent = f" · {self.lent_slots} slots lent" if self.lent_slots else ""
+        return f"batch: shared{limit} · {self.batch_in_step} in step, {self.batch_held_back} held back{lent}"
 
 
 @dataclass(frozen=True, slots=True)

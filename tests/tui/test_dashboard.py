@@ -74,7 +74,7 @@ async def test_priority_panel_leads_with_interactive_figures_of_the_focused_mode
         assert "smollm2-135m-instruct" in str(app.query_one(ClassPanel).border_title)
         # What the scheduler did with batch work, on the panel's bottom edge.
         assert str(app.query_one(ClassPanel).border_subtitle) == (
-            "batch admission: shared · step limit 45ms · 1 in the last step, 3 held back"
+            "batch: shared · step limit 45ms · 1 in step, 3 held back"
         )
         await pilot.press("m")  # the next model: qwen has figures only for interactive
         await pilot.pause()

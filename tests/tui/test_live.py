@@ -152,9 +152,11 @@ async def test_priority_story_with_a_batch_job(live: LiveServer) -> None:
     apart, and the interactive ones are the short ones."""
     async with httpx.AsyncClient(base_url=live.base_url, timeout=300, trust_env=False) as http:
         await wait_idle(http)
+        chats = [asyncio.create_task(stream_chat(http, max_tokens=900))]  # one long default answer
+        chats += [asyncio.create_task(chat_forever(http, "interactive", max_tokens=24)) for _ in range(2)]
+        while not await server_requests(http):
+            await asyncio.sleep(0.05)
         batch_id = await start_batch_job(http, num_lines=60, max_tokens=64)
-        chats = [asyncio.create_task(chat_forever(http, "interactive", max_tokens=24)) for _ in range(2)]
-        chats.append(asyncio.create_task(stream_chat(http, max_tokens=900)))  # one long default answer
         app = DashboardApp(HttpSource(live.base_url))
         try:
             async with app.run_test(size=SIZE) as pilot:
@@ -175,12 +177,13 @@ async def test_priority_story_with_a_batch_job(live: LiveServer) -> None:
                 interactive, batch = model.of_class("interactive"), model.of_class("batch")
                 assert interactive.ttft_p95_s < batch.ttft_p95_s  # batch work waits by design; shown apart
                 assert interactive.queue_wait_p95_s is not None and interactive.itl_p50_s is not None
-                assert app.snapshot.batches[0].batch_id == batch_id and app.snapshot.batches[0].status == "in_progress"
+                job = app.snapshot.batches[0]
+                assert job.batch_id == batch_id and job.status == "in_progress" and job.failed == 0
                 assert class_row(app, "interactive")[0] == "interactive" and "-" not in class_row(app, "interactive")
                 assert model.keep_alive.keep_alive and model.weights_mib > 0 and model.n_layers == 30
                 if target := os.environ.get("LOCALSERVE_DASHBOARD_SCREENSHOT"):
                     await pilot.pause(20.0)  # some of the charts filled; the batch job still runs
-                    assert app.snapshot.batches[0].status == "in_progress"
+                    assert app.snapshot.batches[0].status == "in_progress" and app.snapshot.batches[0].failed == 0
                     path = Path(target)
                     app.save_screenshot(path.name, path=str(path.parent))
         finally:
