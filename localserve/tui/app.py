@@ -37,7 +37,7 @@ from localserve.tui.widgets.classes import ClassPanel
 from localserve.tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from localserve.tui.widgets.header import ConnectionBanner, ServerHeader
 from localserve.tui.widgets.models import ModelsPanel
-from localserve.tui.widgets.requests import RequestTable
+from localserve.tui.widgets.requests import FilterInput, RequestTable
 from localserve.tui.widgets.throughput import ThroughputPanel
 
 log = logging.getLogger(__name__)
@@ -55,16 +55,6 @@ class SnapshotReceived(Message):
 class ConnectionLost(Message):
     reason: str
     retry_in_s: float
-
-
-class FilterInput(Input):
-    """The `/` filter: enter keeps it and goes back to the table, esc clears it."""
-
-    BINDINGS = [Binding("escape", "clear_filter", "Clear filter", show=False)]
-
-    def action_clear_filter(self) -> None:
-        self.value = ""
-        self.app.action_close_filter()  # type: ignore[attr-defined]
 
 
 class DashboardApp(App[None]):
@@ -240,7 +230,8 @@ class DashboardApp(App[None]):
         box.focus()
 
     def action_close_filter(self) -> None:
-        self.query_one("#filter", FilterInput).set_class(bool(self.query_one("#filter", FilterInput).value), "-open")
+        box = self.query_one("#filter", FilterInput)
+        box.set_class(bool(box.value), "-open")  # a filter in force stays in sight
         self.query_one(RequestTable).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:

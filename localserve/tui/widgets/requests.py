@@ -14,7 +14,8 @@ from typing import Any
 
 from rich.text import Text
 from textual import events
-from textual.widgets import DataTable
+from textual.binding import Binding
+from textual.widgets import DataTable, Input
 
 from localserve.tui.fmt import fmt_duration, fmt_latency, fmt_rate
 from localserve.tui.snapshot import RequestView
@@ -212,3 +213,13 @@ class RequestTable(DataTable[Any]):
             "tokens_per_s": fmt_rate(r.tokens_per_s),
         }[key]
         return Text(text, justify="right")
+
+
+class FilterInput(Input):
+    """The `/` filter above the table: enter keeps it and goes back to the table, esc clears it."""
+
+    BINDINGS = [Binding("escape", "clear_filter", "Clear filter", show=False)]
+
+    def action_clear_filter(self) -> None:
+        self.value = ""
+        self.app.action_close_filter()  # type: ignore[attr-defined]
