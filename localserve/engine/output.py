@@ -11,16 +11,16 @@ import codecs
 
 
 class OutputText:
-    """The text of one sequence's output, built token by token."""
+    """The text of one sequence's output, built token by token. It keeps only
+    what may still change (held text); what it returned is the caller's."""
 
-    __slots__ = ("_decoder", "_stops", "_max_stop_len", "_held", "text", "stopped_by")
+    __slots__ = ("_decoder", "_stops", "_max_stop_len", "_held", "stopped_by")
 
     def __init__(self, stop: tuple[str, ...] = ()) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = tuple(s for s in stop if s)
         self._max_stop_len = max((len(s) for s in self._stops), default=0)
         self._held = ""  # decoded text not yet emitted (may begin a stop string)
-        self.text = ""  # everything emitted so far
         self.stopped_by: str | None = None
 
     def push(self, piece: bytes) -> str:
@@ -37,7 +37,6 @@ class OutputText:
             index, self.stopped_by = min(matches)
             delta = self._held[:index]
             self._held = ""
-            self.text += delta
             return delta
         return self._emit(len(self._held) - self._partial_stop_len())
 
@@ -51,7 +50,6 @@ class OutputText:
 
     def _emit(self, num_chars: int) -> str:
         delta, self._held = self._held[:num_chars], self._held[num_chars:]
-        self.text += delta
         return delta
 
     def _partial_stop_len(self) -> int:

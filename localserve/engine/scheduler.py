@@ -239,7 +239,7 @@ class Scheduler:
     def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
         """Apply a step's results: advance computed tokens, append sampled
         tokens, detect stops. Returns one event per sequence that sampled."""
-        now = self._now = self._clock()
+        self._now = self._clock()
         events: list[TokenEvent] = []
         self._count_step(batch)
         for chunk in batch.chunks:
@@ -253,7 +253,7 @@ class Scheduler:
                 events.append(self._event(seq, (), "", error=result.failed[chunk.seq_id]))
             elif chunk.sample:
                 sampled = result.sampled[chunk.seq_id]
-                events.append(self._append_token(seq, sampled.token_id, sampled.logprob, now))
+                events.append(self._append_token(seq, sampled.token_id, sampled.logprob))
         return events
 
     def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
@@ -434,11 +434,8 @@ class Scheduler:
             sampling=seq.sampling,
         )
 
-    def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> TokenEvent:
+    def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> TokenEvent:
         seq.token_ids.append(token_id)
-        if seq.first_token_time == 0.0:
-            seq.first_token_time = now
-        seq.last_token_time = now
         params = seq.sampling
         may_stop = seq.num_output_tokens > params.min_tokens
         text = ""

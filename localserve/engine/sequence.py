@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from localserve.engine.output import OutputText
-from localserve.engine.types import FinishReason, SamplingParams, TokenLogprob
+from localserve.engine.types import FinishReason, SamplingParams
 
 
 class SeqStatus(enum.Enum):
@@ -35,9 +35,6 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
-    first_token_time: float = 0.0
-    last_token_time: float = 0.0
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -46,10 +43,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
 
 @dataclass(slots=True, eq=False)
