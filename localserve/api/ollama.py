@@ -140,7 +140,7 @@ async def running(request: web.Request) -> web.Response:
         entry = await asyncio.to_thread(model_entry, model)
         entry.pop("modified_at")
         expires_in = expiry.get(model.model_id)
-        entry["expires_at"] = NEVER_EXPIRES if expires_in is None else _in_seconds(expires_in)
+        entry["expires_at"] = _in_seconds(expires_in) if isinstance(expires_in, int | float) else NEVER_EXPIRES
         entry["size_vram"] = entry["size"] if model.info.device.upper() != "CPU" else 0
         entry["context_length"] = (
             manager.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train

@@ -57,6 +57,14 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
 
     padding_free = True
 
+    # The native objects: made by __init__ and _open_context, None once freed.
+    _model: llama_cpp.llama_model_p | None
+    _ctx: llama_cpp.llama_context_p | None
+    _mem: llama_cpp.llama_memory_t | None  # None also for an encoder-only model
+    _batch: llama_cpp.llama_batch | None
+    _encoder_only: bool
+    max_input_tokens: int
+
     def __init__(self, config: LlamaEmbeddingConfig) -> None:
         _init_llama()
         path = Path(config.model_path)
@@ -68,23 +76,22 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         n_gpu_layers, self._device = _resolve_device(config)  # type: ignore[arg-type]
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
-        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not self._model:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
             raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
-        self._ctx = None
-        self._batch = None
+        self._model, self._ctx, self._mem, self._batch = model, None, None, None
         try:
-            self._open_context()
+            self._open_context(model)
         except BaseException:
             self.close()
             raise
-        self.tokenizer = LlamaTokenizer(self._model)
-        self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+        self.tokenizer = LlamaTokenizer(model)
+        self.n_embd = int(llama_cpp.llama_model_n_embd(model))
         self.normalize = config.normalize if config.normalize is not None else self._meta(NORMALIZE_KEY) != "false"
 
-    def _open_context(self) -> None:
+    def _open_context(self, model: llama_cpp.llama_model_p) -> None:
         cfg = self.config
-        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
         # llama.cpp aborts the process unless n_seq_max <= n_ubatch and
         # n_ubatch is a multiple of n_seq_max (it reserves n_ubatch / n_seq_max
         # tokens per sequence); non-causal models also need each sequence
@@ -103,18 +110,18 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
+        ctx = self._ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
             raise LocalServeError(f"llama.cpp could not create an embeddings context of {self.batch_tokens} tokens")
-        pooling = llama_cpp.llama_pooling_type(self._ctx)
+        pooling = llama_cpp.llama_pooling_type(ctx)
         if pooling not in _POOLING_NAMES:
             raise InvalidRequestError(
                 f"{cfg.model_path} has no pooling for sentence embeddings; load it with pooling mean, cls or last"
             )
         self.pooling = _POOLING_NAMES[pooling]
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._encoder_only = bool(llama_cpp.llama_model_has_encoder(self._model)) and not bool(
-            llama_cpp.llama_model_has_decoder(self._model)
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._encoder_only = bool(llama_cpp.llama_model_has_encoder(model)) and not bool(
+            llama_cpp.llama_model_has_decoder(model)
         )
         self._batch = llama_cpp.llama_batch_init(self.batch_tokens, 0, 1)
         limit = min(self.batch_tokens, self.n_ctx_train) if self.n_ctx_train > 0 else self.batch_tokens
@@ -150,14 +157,15 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         return len(item)
 
     def info(self) -> BackendInfo:
+        model = self._live_model()
         desc = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self._model, desc, len(desc))
+        llama_cpp.llama_model_desc(model, desc, len(desc))
         return BackendInfo(
             backend="llamacpp",
             device=self._device,
             model_path=self.config.model_path,
             architecture=desc.value.decode("utf-8", errors="replace"),
-            num_params=int(llama_cpp.llama_model_n_params(self._model)),
+            num_params=int(llama_cpp.llama_model_n_params(model)),
             n_ctx_train=self.n_ctx_train,
         )
 
@@ -181,6 +189,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
+        self._mem = None  # the context's
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -192,13 +201,15 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
 
     def _embed(self, items: Sequence[TokenIds]) -> list[np.ndarray]:
         """One forward pass over `items`, each as its own sequence."""
-        b = self._batch
+        ctx, b = self._ctx, self._batch
+        if ctx is None or b is None:
+            raise BackendError("the model is closed")
         token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         k = 0
         for seq, ids in enumerate(items):
             for p, tok in enumerate(ids):
                 token[k] = tok
-                pos[k] = p
+                pos[k] = p  # type: ignore[call-overload]  # pos is a llama_pos*; llama_cpp's stubs say an array of arrays
                 n_seq_id[k] = 1
                 seq_id[k][0] = seq
                 logits[k] = 1
@@ -206,12 +217,12 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         b.n_tokens = k
         if self._mem:
             llama_cpp.llama_memory_clear(self._mem, True)
-        rc = llama_cpp.llama_encode(self._ctx, b) if self._encoder_only else llama_cpp.llama_decode(self._ctx, b)
+        rc = llama_cpp.llama_encode(ctx, b) if self._encoder_only else llama_cpp.llama_decode(ctx, b)
         if rc != 0:
             raise BackendError(f"llama.cpp failed to embed the batch (code {rc})")
         vectors = []
         for seq in range(len(items)):
-            ptr = llama_cpp.llama_get_embeddings_seq(self._ctx, seq)
+            ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq)
             if not ptr:
                 raise BackendError(f"llama.cpp returned no embedding for sequence {seq}")
             vector = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float32, copy=True)
@@ -221,7 +232,12 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
             vectors.append(vector)
         return vectors
 
+    def _live_model(self) -> llama_cpp.llama_model_p:
+        if self._model is None:
+            raise BackendError("the model is closed")
+        return self._model
+
     def _meta(self, key: bytes) -> str | None:
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key, buf, len(buf))
+        n = llama_cpp.llama_model_meta_val_str(self._live_model(), key, buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None

@@ -24,7 +24,7 @@ from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp_sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp_tokenizer import LlamaTokenizer
-from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, StepBatch, StepResult
+from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
 from localserve.errors import BackendError, DeviceNotFoundError, InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,15 @@ def available_devices() -> list[str]:
 class LlamaCppBackend(GenerativeBackend):
     """A GGUF model in one multi-sequence llama.cpp context."""
 
+    # The native objects: made by __init__ and _open_context, None once freed.
+    _model: llama_cpp.llama_model_p | None
+    _ctx: llama_cpp.llama_context_p | None
+    _mem: llama_cpp.llama_memory_t | None
+    _batch: llama_cpp.llama_batch | None
+    _capacity: Capacity
+    _split_kv: bool  # a KV stream per slot (else one pool the slots share)
+    _n_ctx_train: int
+
     def __init__(self, config: LlamaCppConfig) -> None:
         _init_llama()
         path = Path(config.model_path)
@@ -102,21 +111,20 @@ class LlamaCppBackend(GenerativeBackend):
         n_gpu_layers, self._device = _resolve_device(config)
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
-        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not self._model:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
             raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
-        self._ctx = None
-        self._batch = None
+        self._model, self._ctx, self._mem, self._batch = model, None, None, None
         try:
-            self._open_context(config)
+            self._open_context(config, model)
         except BaseException:
             self.close()
             raise
-        self._tokenizer = LlamaTokenizer(self._model)
+        self._tokenizer = LlamaTokenizer(model)
         self._n_vocab = self._tokenizer.vocab_size
         self._chains: dict[int, SamplerChain] = {}
 
-    def _open_context(self, config: LlamaCppConfig) -> None:
+    def _open_context(self, config: LlamaCppConfig, model: llama_cpp.llama_model_p) -> None:
         """One KV stream per slot when memory allows, as llama-server does.
 
         With a unified pool every token of a step attends over all occupied cells
@@ -127,7 +135,7 @@ class LlamaCppBackend(GenerativeBackend):
         pool instead: every slot can still reach n_ctx tokens, just not all at
         once (the scheduler accounts for the pool).
         """
-        n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
+        n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         n_ctx = min(config.n_ctx, n_ctx_train) if n_ctx_train > 0 else config.n_ctx
         parallel = max(1, config.parallel)
         unified = config.kv_unified or parallel == 1 or 0 < config.kv_tokens < n_ctx * parallel
@@ -145,19 +153,19 @@ class LlamaCppBackend(GenerativeBackend):
         params.type_k = KV_CACHE_TYPES[config.cache_type_k][0]
         params.type_v = KV_CACHE_TYPES[config.cache_type_v][0]
         params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
+        ctx = self._ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
             hint = "lower --ctx-size or --parallel"
             if config.cache_type_v not in ("f32", "f16", "bf16"):
                 hint += f"; a quantized V cache ({config.cache_type_v}) needs flash attention (--flash-attn on)"
             raise LocalServeError(
                 f"llama.cpp could not create a context of {kv_tokens} KV tokens x {parallel} sequences; {hint}"
             )
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._mem = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
         self._split_kv = not params.kv_unified
-        kv_actual = int(llama_cpp.llama_n_ctx(self._ctx))
-        per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx)) if self._split_kv else kv_actual
+        kv_actual = int(llama_cpp.llama_n_ctx(ctx))
+        per_slot = int(llama_cpp.llama_n_ctx_seq(ctx)) if self._split_kv else kv_actual
         self._capacity = Capacity(
             max_num_seqs=parallel,
             max_num_batched_tokens=config.batch_tokens,
@@ -175,14 +183,17 @@ class LlamaCppBackend(GenerativeBackend):
         return self._tokenizer
 
     def info(self) -> BackendInfo:
+        model = self._model
+        if model is None:
+            raise BackendError("the model is closed")
         desc = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self._model, desc, len(desc))
+        llama_cpp.llama_model_desc(model, desc, len(desc))
         return BackendInfo(
             backend="llamacpp",
             device=self._device,
             model_path=self.config.model_path,
             architecture=desc.value.decode("utf-8", errors="replace"),
-            num_params=int(llama_cpp.llama_model_n_params(self._model)),
+            num_params=int(llama_cpp.llama_model_n_params(model)),
             n_ctx_train=int(self._n_ctx_train),
         )
 
@@ -192,11 +203,12 @@ class LlamaCppBackend(GenerativeBackend):
         SamplerChain(params, self._tokenizer.vocab, self._n_vocab).free()
 
     def execute(self, batch: StepBatch) -> StepResult:
+        ctx, mem, b = self._native()
         self.release(batch.released_seq_ids)
-        self._apply_kv_ops(batch.kv_ops)
+        self._apply_kv_ops(mem, batch.kv_ops)
         failed = self._ensure_chains(batch)
-        sample_at = self._fill_batch(batch)
-        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        sample_at = _fill_batch(b, batch)
+        rc = llama_cpp.llama_decode(ctx, b)
         if rc != 0:
             reason = _DECODE_ERRORS.get(rc, "internal error")
             raise BackendError(f"llama_decode failed with code {rc} ({reason})")
@@ -205,13 +217,13 @@ class LlamaCppBackend(GenerativeBackend):
             if chunk.seq_id in failed:
                 continue
             try:
-                token_id = self._chains[chunk.seq_id].sample(self._ctx, index)
+                token_id = self._chains[chunk.seq_id].sample(ctx, index)
             except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
                 failed[chunk.seq_id] = exc.message
                 continue
             logprob = None
             if chunk.sampling.logprobs is not None:
-                logprob = token_logprob(self._ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
+                logprob = token_logprob(ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
             sampled[chunk.seq_id] = SampledToken(token_id, logprob)
         return StepResult(sampled=sampled, failed=failed)
 
@@ -222,8 +234,9 @@ class LlamaCppBackend(GenerativeBackend):
                 chain.free()
 
     def clear_slots(self, slots: Collection[int]) -> None:
+        _, mem, _ = self._native()
         for slot in slots:
-            llama_cpp.llama_memory_seq_rm(self._mem, slot, -1, -1)
+            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
 
     def close(self) -> None:
         for chain in getattr(self, "_chains", {}).values():
@@ -232,6 +245,7 @@ class LlamaCppBackend(GenerativeBackend):
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
+        self._mem = None  # the context's
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -241,8 +255,14 @@ class LlamaCppBackend(GenerativeBackend):
 
     # ---- internals -----------------------------------------------------------
 
-    def _apply_kv_ops(self, kv_ops: tuple[KvOp, ...]) -> None:
-        mem = self._mem
+    def _native(self) -> tuple[llama_cpp.llama_context_p, llama_cpp.llama_memory_t, llama_cpp.llama_batch]:
+        """The context, its memory and the batch; a clear error once closed."""
+        ctx, mem, b = self._ctx, self._mem, self._batch
+        if ctx is None or mem is None or b is None:
+            raise BackendError("the model is closed")
+        return ctx, mem, b
+
+    def _apply_kv_ops(self, mem: llama_cpp.llama_memory_t, kv_ops: tuple[KvOp, ...]) -> None:
         for op in kv_ops:
             if op.kind == "keep":
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
@@ -268,31 +288,33 @@ class LlamaCppBackend(GenerativeBackend):
                     failed[chunk.seq_id] = exc.message
         return failed
 
-    def _fill_batch(self, batch: StepBatch) -> list[tuple]:  # type: ignore[type-arg]
-        b = self._batch
-        token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
-        k = 0
-        sample_at = []
-        # In slot order: with one KV stream per slot, llama.cpp puts into one
-        # micro-batch only sequences whose ids run consecutively in the batch
-        # (`split_equal`, sequential); sequences in any other order become one
-        # graph computation each, which made 16-sequence decode steps 1.5-2x slower.
-        for chunk in sorted(batch.chunks, key=lambda c: c.slot):
-            slot = chunk.slot
-            p = chunk.start_pos
-            for tok in chunk.token_ids:
-                token[k] = tok
-                pos[k] = p
-                n_seq_id[k] = 1
-                seq_id[k][0] = slot
-                logits[k] = 0
-                k += 1
-                p += 1
-            if chunk.sample:
-                logits[k - 1] = 1
-                sample_at.append((chunk, k - 1))
-        b.n_tokens = k
-        return sample_at
+
+def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChunk, int]]:
+    """Write the step's tokens into `b`; the chunks that sample, with the
+    index of their last token in `b`."""
+    token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+    k = 0
+    sample_at = []
+    # In slot order: with one KV stream per slot, llama.cpp puts into one
+    # micro-batch only sequences whose ids run consecutively in the batch
+    # (`split_equal`, sequential); sequences in any other order become one
+    # graph computation each, which made 16-sequence decode steps 1.5-2x slower.
+    for chunk in sorted(batch.chunks, key=lambda c: c.slot):
+        slot = chunk.slot
+        p = chunk.start_pos
+        for tok in chunk.token_ids:
+            token[k] = tok
+            pos[k] = p  # type: ignore[call-overload]  # pos is a llama_pos*; llama_cpp's stubs say an array of arrays
+            n_seq_id[k] = 1
+            seq_id[k][0] = slot
+            logits[k] = 0
+            k += 1
+            p += 1
+        if chunk.sample:
+            logits[k - 1] = 1
+            sample_at.append((chunk, k - 1))
+    b.n_tokens = k
+    return sample_at
 
 
 def _resolve_device(config: LlamaCppConfig) -> tuple[int, str]:

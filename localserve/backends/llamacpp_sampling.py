@@ -102,7 +102,8 @@ class SamplerChain:
 
     def _grammar_allows(self, token: int) -> bool:
         one = (llama_cpp.llama_token_data * 1)()
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        # ctypes takes a Python int for a c_int32 field; llama_cpp's stubs type the field as c_int32.
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0  # type: ignore[assignment]
         array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
         return bool(np.isfinite(one[0].logit))
@@ -120,7 +121,7 @@ def _logit_bias(pairs: Sequence[tuple[int, float]], n_vocab: int) -> llama_cpp.l
     """A native sampler adding `bias` to the logit of each `(token, bias)`; -inf bans the token."""
     biases = (llama_cpp.llama_logit_bias * len(pairs))()
     for i, (token, bias) in enumerate(pairs):
-        biases[i].token, biases[i].bias = token, bias
+        biases[i].token, biases[i].bias = token, bias  # type: ignore[assignment]  # an int, as for llama_token_data
     return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(pairs), biases)
 
 

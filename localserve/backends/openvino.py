@@ -116,7 +116,8 @@ class OpenVinoBackend(KvDecoderBackend):
             batch_tokens=config.batch_tokens,
         )
         self.static: StaticShapes | None = None
-        graphs = {None: model}  # call shape -> the graph compiled for it (None: dynamic)
+        # Call shape -> the graph compiled for it (None: dynamic shapes).
+        graphs: dict[CallShape | None, object] = {None: model}
         if needs_static_shapes(self._device, config.static_shapes):
             self.static = plan_static_shapes(
                 n_ctx=capacity.n_ctx,

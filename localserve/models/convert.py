@@ -130,7 +130,7 @@ def store_target(model: SentenceTransformersModel, name: str, suffix: str) -> Pa
     return model_store() / folder / f"{folder}-{digest}-{suffix}"
 
 
-def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+def write_atomically(target: Path, write: Callable[[Path], object]) -> Path:
     """Call `write(tmp)` on a temporary file beside `target`, then rename it
     into place: readers never see a half-written model."""
     target.parent.mkdir(parents=True, exist_ok=True)
