@@ -123,10 +123,17 @@ def test_unknown_model_404(client: openai.OpenAI) -> None:
         client.models.retrieve("no-such-model")
 
 
-@pytest.mark.parametrize("model_id", ["org/no-such-model", "%7Bbraces%7D", "a%2Fb"])
+@pytest.mark.parametrize("model_id", ["%7Bbraces%7D", "a%5Cb", "..%2Fetc"])
 def test_a_model_id_with_odd_characters_is_a_clear_400_not_a_405(http: httpx.Client, model_id: str) -> None:
     error = envelope(http.get(f"/v1/models/{model_id}"), 400)
     assert error["param"] == "model" and "invalid model id" in error["message"]
+
+
+@pytest.mark.parametrize("model_id", ["org/no-such-model", "a%2Fb"])
+def test_an_org_repo_name_that_is_nowhere_is_a_404(http: httpx.Client, model_id: str) -> None:
+    # org/repo is how Hugging Face models are named (models/names.py): valid, just not here
+    error = envelope(http.get(f"/v1/models/{model_id}"), 404)
+    assert error["param"] == "model"
 
 
 def test_prompt_longer_than_context_400(client: openai.OpenAI, server: ServerThread) -> None:
