@@ -196,7 +196,7 @@ class Engine:
                 "Shorten the prompt or restart with a larger --ctx-size.",
                 param="messages",
             )
-        num_waiting = model.worker.num_waiting  # as the scheduler counts them
+        num_waiting = len(model.streams) - model.capacity.max_num_seqs
         if num_waiting >= model.config.max_queue:
             raise QueueFullError(
                 f"model {model_id!r} has {num_waiting} requests waiting (limit {model.config.max_queue}); retry shortly",

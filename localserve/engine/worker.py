@@ -75,18 +75,11 @@ class StepWorker:
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._last_snapshot = 0.0
         self.crashed: BaseException | None = None
-        # The queue limit's view of the scheduler (`num_waiting`). Each counter has
-        # one writer thread; `_queue_seen` is replaced whole.
-        self._num_added = 0  # requests put in the inbox (the event loop)
-        self._num_taken = 0  # of those, refused or through one schedule() (the step thread)
-        self._num_fresh = 0  # added to the scheduler since its last schedule() (the step thread)
-        self._queue_seen = (0, self.scheduler.capacity.max_num_seqs)  # (waiting after a schedule(), free slots)
 
     def start(self) -> None:
         self._thread.start()
 
     def add(self, request: GenerateRequest) -> None:
-        self._num_added += 1
         self._inbox.put(_Add(request, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
@@ -99,15 +92,6 @@ class StepWorker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests that wait for a slot, read on the event loop for the queue
-        limit: those a schedule() has left waiting (for a slot, KV room or the
-        batch rules), plus the new ones beyond the free slots. The step thread
-        republishes it after every change to its queue, never a step late."""
-        waiting, free = self._queue_seen
-        return waiting + max(0, self._num_added - self._num_taken - free)
 
     # ---- the loop ------------------------------------------------------------
 
@@ -147,7 +131,6 @@ class StepWorker:
         except queue.Empty:
             pass
         finally:
-            self._see_queue()
             if events:
                 self._post(events)
         return True
@@ -157,30 +140,17 @@ class StepWorker:
         try:
             self.scheduler.add(request)
         except ValueError as exc:  # the API validates first; this is the last guard
-            self._num_taken += 1
             return [_error_event(request.request_id, str(exc), len(request.prompt_token_ids))]
-        self._num_fresh += 1
         self.stats.request_arrived(request.request_id, request.priority, message.submitted_at)
         return []
 
-    def _see_queue(self) -> None:
-        """Publish the scheduler's queue; requests not yet through a schedule()
-        count as new ones, which free slots may still take."""
-        scheduler = self.scheduler
-        waiting = max(0, scheduler.num_waiting - self._num_fresh)
-        self._queue_seen = (waiting, scheduler.capacity.max_num_seqs - scheduler.num_running)
-
     def _step(self) -> None:
         batch = self.scheduler.schedule()
-        self._num_taken += self._num_fresh  # first out of the new ones (lenient for a moment), then seen
-        self._num_fresh = 0
-        self._see_queue()
         if batch.empty:
             # Everything waits on room that a running sequence will free; never
             # spin: nothing runs, so this only happens on a scheduler bug.
             log.error("scheduler produced an empty step with work pending")
             self._fail_everything("internal error: the scheduler could not place any request")
-            self._see_queue()
             return
         started = time.monotonic()
         self.stats.requests_started(self._running_request_ids(), started)
@@ -205,7 +175,6 @@ class StepWorker:
             num_seqs=len(batch.chunks),
             duration_s=time.monotonic() - started,
         )
-        self._see_queue()  # finished sequences freed their slots
         if events:
             self._post(events)
 
