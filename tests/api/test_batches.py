@@ -247,7 +247,7 @@ def test_interactive_request_overtakes_waiting_batch_lines(
             reply=patient.chat.completions.create(
                 model=MODEL_ID,
                 messages=[{"role": "user", "content": "Write a poem."}],
-                max_tokens=8,
+                max_tokens=48,  # long enough to be seen running between two snapshots
                 extra_body={"priority": "interactive"},
             )
         )
