@@ -162,6 +162,10 @@ class BatchPolicy:
         limit = base + (self.config.ttft_target - 1.0) * prompt
         if others_decoding:
             limit = min(limit, self.config.itl_target * base)
+        if not num_seqs:
+            # Nothing else is in this step: one batch token always fits, or a
+            # step of only limited batch work would come out empty.
+            limit = max(limit, self.model.predict(1, 1) * (1 + 1e-6) + 1e-9)
         self._last_limit_s = limit
         return StepGate(self.model, limit)
 

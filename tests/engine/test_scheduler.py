@@ -565,3 +565,19 @@ def test_add_rejects_empty_prompt_long_prompt_and_duplicate_id():
     with pytest.raises(ValueError, match="already in use"):
         driver.add("ok", prompt(0, 3))
     assert driver.scheduler.num_waiting == 1
+
+
+def test_a_step_of_only_batch_work_is_never_empty():
+    """Shared mode after a tiny interactive prompt, on a machine where one batch
+    token costs more than the limit that prompt implies (7 ms fixed, 5.8 ms a
+    token, 4 ms a sequence: a 15.4 ms limit, a 16.8 ms decode). The step must
+    still hold one batch token; an empty step failed every request in flight."""
+    driver = batch_driver(linear_cost(0.007, 0.0058, 0.004), num_batch=3, max_tokens=40)
+    for _ in range(3):
+        driver.step()
+    driver.add("chat", prompt(5000, 1), priority=0.0, max_tokens=2)
+    while not driver.records["chat"].finished:
+        assert driver.step().chunks
+    assert not driver.scheduler.policy.alone  # still shared: the limit applies
+    for _ in range(10):
+        assert driver.step().chunks, "a step with batch work pending came out empty"
