@@ -114,35 +114,27 @@ def open_llamacpp(path: Path, ctx: BackendContext) -> Opened:
 def open_onnx(path: Path, ctx: BackendContext) -> Opened:
     from localserve.backends.onnx import OnnxBackend, OnnxConfig
 
-    s, o = ctx.settings, ctx.options
-    n_ctx = o.ctx_size or int(MODEL_DEFAULTS["ctx_size"])  # no GGUF header: 0 falls back to the default
-    config = OnnxConfig(
-        str(path),
-        n_ctx=n_ctx,
-        parallel=o.parallel,
-        kv_tokens=o.kv_size,
-        batch_tokens=s.batch_tokens,
-        n_threads=s.threads,
-        device=o.device,
-    )
-    return _plain(OnnxBackend(config), ctx)
+    return _plain(OnnxBackend(OnnxConfig(str(path), **_decoder_options(ctx))), ctx)
 
 
 def open_openvino(path: Path, ctx: BackendContext) -> Opened:
     from localserve.backends.openvino import OpenVinoBackend, OpenVinoConfig
 
+    return _plain(OpenVinoBackend(OpenVinoConfig(str(path), **_decoder_options(ctx))), ctx)
+
+
+def _decoder_options(ctx: BackendContext) -> dict[str, Any]:
+    """The sizes ONNX Runtime's and OpenVINO's decoders take alike. No GGUF
+    header here, so ctx_size 0 (the training context) falls back to the default."""
     s, o = ctx.settings, ctx.options
-    n_ctx = o.ctx_size or int(MODEL_DEFAULTS["ctx_size"])
-    config = OpenVinoConfig(
-        str(path),
-        n_ctx=n_ctx,
-        parallel=o.parallel,
-        kv_tokens=o.kv_size,
-        batch_tokens=s.batch_tokens,
-        n_threads=s.threads,
-        device=o.device,
-    )
-    return _plain(OpenVinoBackend(config), ctx)
+    return {
+        "n_ctx": o.ctx_size or int(MODEL_DEFAULTS["ctx_size"]),
+        "parallel": o.parallel,
+        "kv_tokens": o.kv_size,
+        "batch_tokens": s.batch_tokens,
+        "n_threads": s.threads,
+        "device": o.device,
+    }
 
 
 def _plain(backend: Any, ctx: BackendContext) -> Opened:
