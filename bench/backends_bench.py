@@ -42,21 +42,21 @@ def open_backends(names: list[str], threads: int, parallel: int):  # type: ignor
     gguf = resolve("smollm2-135m-instruct").path
     out = {}
     if "llamacpp" in names:
-        from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+        from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
         out["llamacpp"] = LlamaCppBackend(
             LlamaCppConfig(str(gguf), n_ctx=1024, parallel=parallel, batch_tokens=512, n_threads=threads)
         )
     folders = export_smollm2(gguf) if any(n != "llamacpp" for n in names) else {}
     if "onnx" in names:
-        from localserve.backends.onnx import OnnxBackend, OnnxConfig
+        from localserve.backends.onnx.backend import OnnxBackend, OnnxConfig
 
         out["onnx"] = OnnxBackend(
             OnnxConfig(str(folders["onnx"]), n_ctx=1024, parallel=parallel, batch_tokens=512, n_threads=threads)
         )
     for name, precision in (("openvino-f32", "f32"), ("openvino", "")):
         if name in names:
-            from localserve.backends.openvino import OpenVinoBackend, OpenVinoConfig
+            from localserve.backends.openvino.backend import OpenVinoBackend, OpenVinoConfig
 
             config = OpenVinoConfig(
                 str(folders["openvino"]),

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llama_cpp
 
-from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig, _init_llama
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig, _init_llama
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.types import GenerateRequest, SamplingParams
 from localserve.models.registry import resolve
@@ -49,7 +49,7 @@ def raw_decode_tps(model_path: str, n_seqs: int, n_prompt: int, n_gen: int, thre
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.no_perf = True
     ctx = llama_cpp.llama_init_from_model(model, cparams)
-    from localserve.backends.llamacpp_tokenizer import LlamaTokenizer
+    from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 
     tok = LlamaTokenizer(model)
     batch = llama_cpp.llama_batch_init(512, 0, 1)

@@ -192,7 +192,7 @@ def speech_clips(count: int, workdir: Path) -> list[bytes]:
 
 
 def transcribe_one(backend):  # type: ignore[no-untyped-def]
-    from localserve.backends.speech import TranscribeOptions, decode_audio
+    from localserve.backends.speech.common import TranscribeOptions, decode_audio
 
     async def run(batcher: Batcher, data: bytes) -> None:  # type: ignore[type-arg]
         audio = await asyncio.to_thread(decode_audio, data, max_seconds=600)

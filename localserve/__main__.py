@@ -1,5 +1,5 @@
 """`python -m localserve` runs the command line."""
 
-from localserve.cli import main
+from localserve.cli.main import main
 
 raise SystemExit(main())

@@ -29,7 +29,7 @@ def tiny_gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # One test process loads llama.cpp, whisper.cpp, CTranslate2, onnxruntime, OpenVINO, torch and Ray.
 # Once, after every test had passed, CI's run aborted while the interpreter finalized ("Fatal Python
 # error: PyThreadState_Get ... finalizing"): native code calling into Python after teardown began.
-# The libraries' log callbacks are now reset at exit (backends/llamacpp.py, whisper_cpp.py); as a
+# The libraries' log callbacks are now reset at exit (backends/llamacpp/backend.py, whisper_cpp.py); as a
 # second guard, the test process ends right after pytest's own teardown, with pytest's status,
 # instead of finalizing the interpreter. Servers started by tests exit normally and are checked.
 _exit_status: int | None = None

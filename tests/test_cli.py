@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from localserve import __version__, cli
+from localserve import __version__
+from localserve.cli import main as cli
 from localserve.config import DEFAULT_MODEL, ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_help_is_fast_and_imports_nothing_heavy() -> None:
     code = (
         "import sys\n"
-        "from localserve import cli\n"
+        "from localserve.cli import main as cli\n"
         "try:\n    cli.main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('llama_cpp', 'aiohttp', 'localserve.server', 'localserve.engine') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

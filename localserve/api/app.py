@@ -8,11 +8,11 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
   (`localserve serve` exits instead: see `server.py`)
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
   answer's `id`, also sent as the `X-Request-Id` header)
-* `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.openapi`;
+* `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.admin.openapi`;
   behind the API key like every route but /health)
-* OpenAI's Responses API (`api.responses`), Anthropic's Messages API
-  (`api.messages`), Ollama's dialect (`api.ollama`), llama.cpp's `/infill`
-  (`api.infill`), Prometheus `/metrics` (`api.metrics`); every dialect is
+* OpenAI's Responses API (`api.openai.responses`), Anthropic's Messages API
+  (`api.anthropic.messages`), Ollama's dialect (`api.ollama.routes`), llama.cpp's `/infill`
+  (`api.llamacpp.infill`), Prometheus `/metrics` (`api.admin.metrics`); every dialect is
   an adapter over `localserve.serving`
 """
 
@@ -26,27 +26,20 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api import (
-    audio,
-    batches,
-    debug,
-    embeddings,
-    infill,
-    messages,
-    metrics,
-    models_admin,
-    ollama,
-    openapi,
-    responses,
-)
-from localserve.api.batch_service import JOBS
-from localserve.api.chat import chat_completions
-from localserve.api.completions import completions
+from localserve.api.admin import debug, metrics, openapi
+from localserve.api.admin import models as models_admin
+from localserve.api.admin.stats import register_stats_routes
+from localserve.api.anthropic import messages
+from localserve.api.llamacpp import infill
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
-from localserve.api.schemas import MAX_CHOICES, MAX_PROMPTS
+from localserve.api.ollama import routes as ollama
+from localserve.api.openai import audio, batches, embeddings, responses
+from localserve.api.openai.batch_service import JOBS
+from localserve.api.openai.chat import chat_completions
+from localserve.api.openai.completions import completions
+from localserve.api.openai.schemas import MAX_CHOICES, MAX_PROMPTS
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
 from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState, engine_of, require_model
-from localserve.api.stats import register_stats_routes
 from localserve.config import ServerSettings
 from localserve.errors import LocalServeError, NotFoundError
 from localserve.models.policy import CHAT
@@ -230,7 +223,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 def _servable_rows() -> list[dict[str, Any]]:
-    from localserve.models.discovery import model_rows, servable
+    from localserve.models.store.discovery import model_rows, servable
 
     return [row for row in model_rows() if servable(row)]
 

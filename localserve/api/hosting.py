@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.admin.metrics import note_model
 from localserve.api.leases import LIFECYCLE, use_model
-from localserve.api.metrics import note_model
 from localserve.api.state import MANAGER, STATE
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate

@@ -7,10 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.admin.metrics import note_model
+from localserve.api.admin.stats import add_one_shot_provider
 from localserve.api.leases import use_model
-from localserve.api.metrics import note_model
 from localserve.api.state import MANAGER, SETTINGS, STATE
-from localserve.api.stats import add_one_shot_provider
 from localserve.errors import LocalServeError, ModelLoadingError
 from localserve.models.names import validate_model_id
 from localserve.models.oneshot import EMBEDDINGS, oneshot_kind

@@ -4,7 +4,7 @@ JSON may escape any UTF-16 code unit, so `"\\ud800"` alone parses to a Python
 string that no UTF-8 encoder (tokenizers, grammars, logs) accepts.
 `check_unicode` finds the first such string in a parsed body and raises a
 400 naming its field. `api.middleware.parse_body` runs it on every JSON
-body that could hold one; the request models of `api.schemas` run it too,
+body that could hold one; the request models of `api.openai.schemas` run it too,
 for bodies that do not come over HTTP (Batch API lines).
 """
 

@@ -29,7 +29,7 @@ class BackendDevices:
 
 
 def _llamacpp() -> BackendDevices:
-    from localserve.backends.llamacpp import available_devices
+    from localserve.backends.llamacpp.backend import available_devices
 
     devices = tuple(available_devices())
     gpu = "GPU" in devices
@@ -46,7 +46,7 @@ def _llamacpp() -> BackendDevices:
 def _onnx() -> BackendDevices:
     import onnxruntime as ort
 
-    from localserve.backends.onnx import PROVIDERS, available_devices
+    from localserve.backends.onnx.backend import PROVIDERS, available_devices
 
     providers = dict(zip(("CUDA", "DirectML", "CPU"), PROVIDERS.values(), strict=True))
     devices = tuple(available_devices())
@@ -59,7 +59,7 @@ def _onnx() -> BackendDevices:
 def _openvino() -> BackendDevices:
     import openvino as ov
 
-    from localserve.backends.openvino import DEVICE_ORDER
+    from localserve.backends.openvino.backend import DEVICE_ORDER
 
     core = ov.Core()
     present = list(core.available_devices)

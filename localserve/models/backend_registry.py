@@ -16,7 +16,7 @@ A path is served by the first built-in backend that detects it, else by the
 first plugin that does; a catalog entry's `backend` picks one by name. A chat
 backend's `open` returns a `GenerativeBackend` (backends/base.py), the
 others a `OneShotBackend` whose items are what the route hands it (see
-`backends/embeddings_llamacpp.py` and `backends/whisper.py`).
+`backends/llamacpp/embeddings.py` and `backends/speech/faster_whisper.py`).
 """
 
 from __future__ import annotations

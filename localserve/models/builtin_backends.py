@@ -57,7 +57,7 @@ def is_ct2_whisper(path: Path) -> bool:
 
 
 def is_ggml_whisper_file(path: Path) -> bool:
-    from localserve.models.convert_whisper import is_ggml_whisper
+    from localserve.models.convert.whisper import is_ggml_whisper
 
     return path.is_file() and path.suffix.lower() == ".bin" and is_ggml_whisper(path)
 
@@ -103,7 +103,7 @@ def _config(folder: Path) -> dict[str, Any]:
 
 def open_llamacpp(path: Path, ctx: BackendContext) -> Opened:
     """A GGUF fitted to memory (GPU layers, context per slot) with its load report."""
-    from localserve.backends.llamacpp import LlamaCppBackend
+    from localserve.backends.llamacpp.backend import LlamaCppBackend
     from localserve.models.plan import plan_llamacpp
 
     plan = plan_llamacpp(ctx.model_id, path, ctx.settings, ctx.request)
@@ -112,13 +112,13 @@ def open_llamacpp(path: Path, ctx: BackendContext) -> Opened:
 
 
 def open_onnx(path: Path, ctx: BackendContext) -> Opened:
-    from localserve.backends.onnx import OnnxBackend, OnnxConfig
+    from localserve.backends.onnx.backend import OnnxBackend, OnnxConfig
 
     return _plain(OnnxBackend(OnnxConfig(str(path), **_decoder_options(ctx))), ctx)
 
 
 def open_openvino(path: Path, ctx: BackendContext) -> Opened:
-    from localserve.backends.openvino import OpenVinoBackend, OpenVinoConfig
+    from localserve.backends.openvino.backend import OpenVinoBackend, OpenVinoConfig
 
     return _plain(OpenVinoBackend(OpenVinoConfig(str(path), **_decoder_options(ctx))), ctx)
 

@@ -1,7 +1,7 @@
 """Fitting a GGUF model to this machine's memory: how many layers go to the
 GPU and how long a context each slot gets.
 
-The KV cache (backends/llamacpp.py) is one stream of `n_ctx` cells per slot,
+The KV cache (backends/llamacpp/backend.py) is one stream of `n_ctx` cells per slot,
 or, when `kv_size` is below `n_ctx * parallel`, one pool of `kv_size` cells
 the slots share (by default, when neither a context per slot nor a KV size
 was asked for, one pool of one context: see `models.plan.default_kv_pool`). It takes `cells * kv_bytes_per_cell` bytes, split between
@@ -42,7 +42,7 @@ MIN_CTX = 256  # the shortest per-slot context worth loading a model for
 CTX_STEP = 256  # a context cut to fit memory is rounded down to this
 RAM_HEADROOM_SHARE, MIN_RAM_HEADROOM = 0.10, 1 * GIB  # left for the OS, the server and other models
 GPU_HEADROOM_SHARE, MIN_GPU_HEADROOM = 0.05, 512 * MIB  # drivers, fragmentation
-UBATCH_TOKENS = 512  # llama.cpp's micro-batch (backends/llamacpp.py caps n_ubatch there)
+UBATCH_TOKENS = 512  # llama.cpp's micro-batch (backends/llamacpp/backend.py caps n_ubatch there)
 ALL_LAYERS = -1
 
 
@@ -234,7 +234,7 @@ def gpu_devices() -> tuple[bool, list[tuple[str, int, int]]]:
     """(GPU offload supported, [(name, free bytes, total bytes)] per GPU device)."""
     import llama_cpp
 
-    from localserve.backends.llamacpp import available_devices
+    from localserve.backends.llamacpp.backend import available_devices
 
     available_devices()  # initialises the llama.cpp backend once per process
     if not llama_cpp.llama_supports_gpu_offload():

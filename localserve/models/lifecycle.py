@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError, ModelNotFoundError, QueueFullError
 from localserve.models.catalog import ModelOptions
-from localserve.models.discovery import find
 from localserve.models.names import validate_model_id
 from localserve.models.policy import (
     ASR,
@@ -49,6 +48,7 @@ from localserve.models.policy import (
     parse_max_loaded_models,
 )
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec, spec_of
+from localserve.models.store.discovery import find
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ def detect_labels(path: Path) -> tuple[str, ...]:
     if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
         return (EMBEDDINGS,)
     if path.suffix.lower() == ".bin":
-        from localserve.models.convert_whisper import is_ggml_whisper
+        from localserve.models.convert.whisper import is_ggml_whisper
 
         if is_ggml_whisper(path):  # a whisper.cpp model
             return (TRANSCRIPTION,)

@@ -116,14 +116,14 @@ def onnx_install_hint() -> str:
 
 
 def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
-    from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
+    from localserve.backends.onnx.embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
 
     missing = missing_for_onnx(path)
     if missing:  # before a conversion that would need `onnx`
         raise ModuleNotFoundError(missing)
     if path.is_dir():
-        from localserve.models.convert import log_progress
-        from localserve.models.convert_onnx import cached_onnx
+        from localserve.models.convert.bert_onnx import cached_onnx
+        from localserve.models.convert.cache import log_progress
 
         path = cached_onnx(path, model_id, progress=log_progress(model_id, "ONNX"))
     config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
@@ -131,10 +131,10 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
 
 
 def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
-    from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+    from localserve.backends.llamacpp.embeddings import LlamaEmbeddingBackend, LlamaEmbeddingConfig
 
     if path.is_dir():
-        from localserve.models.convert import cached_gguf, log_progress
+        from localserve.models.convert.cache import cached_gguf, log_progress
 
         path = cached_gguf(path, model_id, progress=log_progress(model_id))
     config = LlamaEmbeddingConfig(str(path), n_threads=settings.threads, device=settings.device or "auto")
@@ -143,10 +143,10 @@ def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple
 
 def _open_openvino(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]
     """OpenVINO embeddings (a folder is converted to IR on first use, without torch)."""
-    from localserve.backends.openvino_embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
+    from localserve.backends.openvino.embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
 
     if path.is_dir():
-        from localserve.models.convert_openvino import cached_openvino_embeddings
+        from localserve.models.convert.bert_openvino import cached_openvino_embeddings
 
         path = cached_openvino_embeddings(path, model_id)
     config = OpenVinoEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)

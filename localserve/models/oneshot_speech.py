@@ -13,7 +13,7 @@ from pathlib import Path
 
 from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
-from localserve.models.convert import log_progress
+from localserve.models.convert.cache import log_progress
 
 FASTER_WHISPER, WHISPER_CPP, OPENVINO = "whisper", "whisper.cpp", "openvino"
 SPEECH_BACKENDS = (FASTER_WHISPER, WHISPER_CPP, OPENVINO)
@@ -22,8 +22,8 @@ SPEECH_BACKENDS = (FASTER_WHISPER, WHISPER_CPP, OPENVINO)
 def speech_backend(model_id: str, path: Path) -> str:
     """The backend for `path`: by its format, else by the catalog entry."""
     from localserve.models.catalog import catalog_backend
-    from localserve.models.convert_whisper import is_ggml_whisper
-    from localserve.models.convert_whisper_openvino import is_openvino_whisper
+    from localserve.models.convert.whisper import is_ggml_whisper
+    from localserve.models.convert.whisper_openvino import is_openvino_whisper
 
     if path.is_file() and is_ggml_whisper(path):
         return WHISPER_CPP
@@ -38,19 +38,19 @@ def open_speech(model_id: str, path: Path, settings: ServerSettings) -> tuple[On
     backend = speech_backend(model_id, path)
     device = settings.device or "auto"  # None: nobody asked for one
     if backend == WHISPER_CPP:
-        from localserve.backends.whisper_cpp import WhisperCppBackend, WhisperCppConfig
-        from localserve.models.convert_whisper import cached_ggml
+        from localserve.backends.speech.whisper_cpp import WhisperCppBackend, WhisperCppConfig
+        from localserve.models.convert.whisper import cached_ggml
 
         if path.is_dir():
             path = cached_ggml(path, model_id, progress=log_progress(model_id, "whisper.cpp ggml"))
         return WhisperCppBackend(WhisperCppConfig(str(path), device, settings.threads)), path
     if backend == OPENVINO:
-        from localserve.backends.openvino_whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig
-        from localserve.models.convert_whisper_openvino import cached_openvino, is_openvino_whisper
+        from localserve.backends.openvino.whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig
+        from localserve.models.convert.whisper_openvino import cached_openvino, is_openvino_whisper
 
         if not is_openvino_whisper(path):
             path = cached_openvino(path, model_id, progress=log_progress(model_id, "OpenVINO IR"))
         return OpenVinoWhisperBackend(OpenVinoWhisperConfig(str(path), device, settings.threads)), path
-    from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
+    from localserve.backends.speech.faster_whisper import FasterWhisperBackend, WhisperConfig
 
     return FasterWhisperBackend(WhisperConfig(str(path), device=device, n_threads=settings.threads)), path

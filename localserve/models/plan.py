@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localserve.backends.kv_types import kv_bytes_scale
-from localserve.backends.llamacpp import LlamaCppConfig
+from localserve.backends.llamacpp.backend import LlamaCppConfig
 from localserve.config import ServerSettings
 from localserve.engine.types import Capacity
 from localserve.models.catalog import ModelOptions

@@ -1,5 +1,5 @@
 """Resolve what the user named (`--model NAME`, `PATH`, `ID=PATH`) to a model
-on this machine (models/discovery.py), and load it into the engine through
+on this machine (models/store/discovery.py), and load it into the engine through
 its backend (models/backend_registry.py).
 """
 
@@ -19,11 +19,11 @@ from localserve.engine.scheduler import SchedulerConfig
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
 from localserve.models.backend_registry import BackendContext, as_opened, detect, named
 from localserve.models.catalog import ModelOptions, load_catalog
-from localserve.models.discovery import Found, backend_kind, find
 from localserve.models.names import is_model_id, validate_model_id
 from localserve.models.oneshot import BATCHING, oneshot_kind
 from localserve.models.options import resolve_options
 from localserve.models.plan import LoadReport, plain_report
+from localserve.models.store.discovery import Found, backend_kind, find
 
 log = logging.getLogger(__name__)
 

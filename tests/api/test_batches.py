@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from localserve.api.batch_service import JOBS
 from localserve.api.leases import LIFECYCLE
+from localserve.api.openai.batch_service import JOBS
 from tests.api.harness import MODEL_ID, ServerThread
 
 pytestmark = pytest.mark.slow

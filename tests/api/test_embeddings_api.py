@@ -177,7 +177,7 @@ def test_chat_on_an_embeddings_model_says_where_to_go(http: httpx.Client) -> Non
 
 
 def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, tmp_path_factory) -> None:
-    from localserve.models.convert_onnx import cached_onnx
+    from localserve.models.convert.bert_onnx import cached_onnx
     from localserve.models.registry import resolve
 
     with pytest.MonkeyPatch.context() as mp:

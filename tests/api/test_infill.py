@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from localserve.api.infill_run import InfillRequest, InfillRun, LineLimits
+from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, LineLimits
 from localserve.engine.types import FinishReason, TokenEvent
 from localserve.serving.fim import fim_prompt, fim_tokens
 from localserve.serving.types import ExtraChunk

@@ -15,7 +15,7 @@ import numpy as np
 import ollama
 import pytest
 
-from localserve.api.ollama_wire import ChatLines, OllamaOptions, ollama_options
+from localserve.api.ollama.wire import ChatLines, OllamaOptions, ollama_options
 from localserve.engine.types import FinishReason, TokenEvent
 from localserve.serving.answer import ChoiceStream
 from localserve.serving.sampling import sampling_for

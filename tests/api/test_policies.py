@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from localserve.api.middleware import field_path, from_validation_error
-from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.api.security import HostPolicy, OriginPolicy, host_name
 from localserve.config import ServerSettings
 

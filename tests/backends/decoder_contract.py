@@ -178,7 +178,7 @@ def test_grammar_is_refused_clearly(decoder: KvDecoderBackend) -> None:
 
 @pytest.mark.slow
 def test_exported_tokenizer_matches_llama_cpp(decoder: KvDecoderBackend, smollm2_path: Path) -> None:
-    from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
     llama = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=1))
     try:

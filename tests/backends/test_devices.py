@@ -26,8 +26,8 @@ def test_every_backend_reports_the_cpu_and_its_version() -> None:
 def test_the_lists_match_what_each_backend_resolves_at_load() -> None:
     import onnxruntime
 
-    from localserve.backends.llamacpp import available_devices as llama_devices
-    from localserve.backends.onnx import available_devices as onnx_devices
+    from localserve.backends.llamacpp.backend import available_devices as llama_devices
+    from localserve.backends.onnx.backend import available_devices as onnx_devices
 
     found = {b.backend: b for b in discover()}
     assert list(found["llamacpp"].devices) == llama_devices()

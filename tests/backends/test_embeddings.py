@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localserve.backends.embeddings_llamacpp import LlamaEmbeddingBackend, LlamaEmbeddingConfig
-from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
+from localserve.backends.llamacpp.embeddings import LlamaEmbeddingBackend, LlamaEmbeddingConfig
+from localserve.backends.onnx.embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
 from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.errors import ContextLengthError, InvalidRequestError
-from localserve.models.convert import cached_gguf, read_sentence_transformers
+from localserve.models.convert.cache import cached_gguf, read_sentence_transformers
 from localserve.models.oneshot import detect_labels, gguf_architecture
 from localserve.models.registry import resolve
 
@@ -271,7 +271,7 @@ def test_context_sizes_llama_cpp_would_abort_on_are_rounded(
 
 @pytest.fixture(scope="module")
 def onnx_backend(source: Path, store: Path) -> Iterator[OnnxEmbeddingBackend]:
-    from localserve.models.convert_onnx import cached_onnx
+    from localserve.models.convert.bert_onnx import cached_onnx
 
     path = cached_onnx(source, "all-minilm-l6-v2")
     assert path.is_relative_to(store) and detect_labels(path) == ("embeddings",)
@@ -383,7 +383,7 @@ def test_the_explicit_ids_name_their_backend(source: Path, tmp_path: Path) -> No
 def test_the_convert_command_shows_progress_and_prints_the_path(
     store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localserve.cli import main
+    from localserve.cli.main import main
 
     assert main(["convert", "all-minilm-l6-v2", "--type", "f16"]) == 0
     out, err = capsys.readouterr()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from localserve.backends.kv_types import check_kv_types, kv_bytes_scale
-from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError
 from localserve.models.catalog import ModelOptions

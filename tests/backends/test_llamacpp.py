@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localserve.backends.chat_template import ChatTemplate
-from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.types import KvOp, SamplingParams, SeqChunk, StepBatch
 from localserve.errors import DeviceNotFoundError, InvalidRequestError
 

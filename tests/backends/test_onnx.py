@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localserve.backends.kv_decoder import describe_io, plan_calls
-from localserve.backends.onnx import OnnxBackend, OnnxConfig, resolve_provider
+from localserve.backends.onnx.backend import OnnxBackend, OnnxConfig, resolve_provider
 from localserve.engine.types import SamplingParams, SeqChunk
 from localserve.errors import DeviceNotFoundError, LocalServeError
 from tests.backends.decoder_contract import *  # noqa: F403 - the shared decoder tests

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localserve.backends.openvino import OpenVinoBackend, OpenVinoConfig, resolve_device
-from localserve.backends.openvino_static import (
+from localserve.backends.openvino.backend import OpenVinoBackend, OpenVinoConfig, resolve_device
+from localserve.backends.openvino.static import (
     StaticShapes,
     needs_static_shapes,
     plan_static_shapes,

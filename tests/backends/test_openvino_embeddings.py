@@ -13,11 +13,11 @@ import httpx
 import numpy as np
 import pytest
 
-from localserve.backends.onnx_embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
-from localserve.backends.openvino_embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
+from localserve.backends.onnx.embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
+from localserve.backends.openvino.embeddings import OpenVinoEmbeddingBackend, OpenVinoEmbeddingConfig
 from localserve.errors import ContextLengthError, DeviceNotFoundError, LocalServeError
-from localserve.models.convert_onnx import cached_onnx
-from localserve.models.convert_openvino import cached_openvino_embeddings
+from localserve.models.convert.bert_onnx import cached_onnx
+from localserve.models.convert.bert_openvino import cached_openvino_embeddings
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve
 from tests.api.harness import ServerThread, make_settings
@@ -174,7 +174,7 @@ def test_serving_openvino_embeddings_never_imports_torch(store: Path, ir_path: P
 
 
 def test_the_convert_command_writes_the_ir(store: Path, ir_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from localserve.cli import main
+    from localserve.cli.main import main
 
     assert main(["convert", "all-minilm-l6-v2", "--format", "openvino"]) == 0
     out, err = capsys.readouterr()

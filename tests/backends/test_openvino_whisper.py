@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from localserve.errors import DeviceNotFoundError
-from localserve.models.convert_whisper import read_ctranslate2, store_target
-from localserve.models.convert_whisper_openvino import (
+from localserve.models.convert.whisper import read_ctranslate2, store_target
+from localserve.models.convert.whisper_openvino import (
     IR_FILES,
     cached_openvino,
     hf_state_dict,
@@ -38,7 +38,7 @@ from tests.fixtures.export_smollm2 import cache_dir
 from tests.fixtures.speech import SENTENCE, have_espeak, plan_and_transcribe, speak, with_silence, word_error_rate
 
 pytest.importorskip("openvino_genai", reason="needs openvino-genai")
-from localserve.backends.openvino_whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig  # noqa: E402
+from localserve.backends.openvino.whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
@@ -155,7 +155,7 @@ def test_serving_the_catalog_id_never_imports_torch(ir_folder: Path, home: Path,
         f"""
         import sys
         from pathlib import Path
-        from localserve.backends.speech import TranscribeOptions, decode_audio
+        from localserve.backends.speech.common import TranscribeOptions, decode_audio
         from localserve.models.oneshot import TRANSCRIPTION, open_oneshot
         from localserve.models.registry import resolve
         from tests.api.harness import make_settings

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localserve.backends.speech import SAMPLE_RATE, TranscribeOptions, decode_audio
-from localserve.backends.whisper import FasterWhisperBackend, WhisperConfig
+from localserve.backends.speech.common import SAMPLE_RATE, TranscribeOptions, decode_audio
+from localserve.backends.speech.faster_whisper import FasterWhisperBackend, WhisperConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve

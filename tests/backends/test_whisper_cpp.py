@@ -12,15 +12,15 @@ import httpx
 import numpy as np
 import pytest
 
-from localserve.backends.speech import SAMPLE_RATE, TranscribeOptions, decode_audio
+from localserve.backends.speech.common import SAMPLE_RATE, TranscribeOptions, decode_audio
 from localserve.errors import DeviceNotFoundError, InvalidRequestError, LocalServeError
-from localserve.models.convert_whisper import GGML_MAGIC, cached_ggml, openai_state_dict, read_ctranslate2
+from localserve.models.convert.whisper import GGML_MAGIC, cached_ggml, openai_state_dict, read_ctranslate2
 from localserve.models.oneshot import detect_labels
 from localserve.models.registry import resolve
 from tests.fixtures.speech import SENTENCE, have_espeak, plan_and_transcribe, speak, with_silence, word_error_rate
 
 whispercpp = pytest.importorskip("_pywhispercpp", reason="needs pywhispercpp")
-from localserve.backends.whisper_cpp import WhisperCppBackend, WhisperCppConfig  # noqa: E402
+from localserve.backends.speech.whisper_cpp import WhisperCppBackend, WhisperCppConfig  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

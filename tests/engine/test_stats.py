@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.stats import MIN_RATE_SPAN_S, MIN_RATE_TOKENS, TTFT_BUCKETS, ModelStats
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from localserve import cli
+from localserve.cli import main as cli
 
 pytestmark = pytest.mark.slow
 

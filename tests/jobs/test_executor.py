@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from localserve.api.batch_lines import ServingLineExecutor, batch_priority
+from localserve.api.openai.batch_lines import ServingLineExecutor, batch_priority
 from localserve.engine.types import Capacity
 from localserve.serving.models import LocalModels
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from localserve import cli
+from localserve.cli import main as cli
 from localserve.jobs import progress as progress_module
 from localserve.jobs import ray_progress
 from tests.jobs.fakes import request_line
@@ -124,7 +124,7 @@ def test_the_single_machine_path_runs_without_ray(tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
     code = (
         "import sys; sys.modules['ray'] = None  # any `import ray` now fails\n"
-        "from localserve import cli\n"
+        "from localserve.cli import main as cli\n"
         f"sys.exit(cli.main(['batch', 'run', {str(source)!r}, '-o', {str(output)!r}, '--quiet', *{ENGINE_ARGS!r}]))"
     )
     env = {**os.environ, "LOCALSERVE_HOME": str(tmp_path / "home")}

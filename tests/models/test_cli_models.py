@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localserve.cli import main, settings_from_args
-from localserve.models import hf_cache
+from localserve.cli.main import main, settings_from_args
+from localserve.models.store import hf_cache
 from tests.models.hub import FakeHub
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from localserve.models import backend_registry
 from localserve.models.backend_registry import EMBEDDINGS, BackendSpec
-from localserve.models.discovery import find, model_rows
+from localserve.models.store.discovery import find, model_rows
 from tests.api.harness import ServerThread
 from tests.models.conftest import write_catalog
 from tests.models.hub import FakeHub

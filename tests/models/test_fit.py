@@ -58,7 +58,7 @@ def test_smollm2_shape_matches_its_metadata(smol: GgufShape, smol_path: Path) ->
 def test_smollm2_shape_matches_llama_cpp(smol: GgufShape, smol_path: Path) -> None:
     import llama_cpp
 
-    from localserve.backends.llamacpp import available_devices
+    from localserve.backends.llamacpp.backend import available_devices
 
     available_devices()  # llama.cpp initialised
     params = llama_cpp.llama_model_default_params()
@@ -77,9 +77,9 @@ def test_smollm2_shape_matches_llama_cpp(smol: GgufShape, smol_path: Path) -> No
 def test_kv_bytes_per_cell_is_what_llama_cpp_allocates(
     smol: GgufShape, smol_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from localserve.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
-    caplog.set_level(logging.DEBUG, logger="localserve.backends.llamacpp")
+    caplog.set_level(logging.DEBUG, logger="localserve.backends.llamacpp.backend")
     backend = LlamaCppBackend(LlamaCppConfig(str(smol_path), n_ctx=512, parallel=2, n_threads=1, device="cpu"))
     backend.close()
     sizes = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]

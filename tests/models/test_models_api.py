@@ -16,8 +16,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from localserve.models import hf_cache
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec
+from localserve.models.store import hf_cache
 from tests.api.harness import ServerThread, make_settings
 from tests.models.hub import FakeHub
 from tests.models.test_store_catalog import BAD_IDS

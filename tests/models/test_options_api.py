@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localserve import cli
+from localserve.cli import main as cli
 from localserve.models.registry import ModelSpec
 from tests.api.harness import ServerThread, make_settings
 from tests.models.conftest import write_catalog

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from localserve.errors import ChecksumMismatchError, PullError
-from localserve.models import hf_cache
-from localserve.models.discovery import find
-from localserve.models.pull import PullCancelled, PullProgress, plan_pull, pull
+from localserve.models.pull.hub import PullCancelled, PullProgress, plan_pull, pull
+from localserve.models.store import hf_cache
+from localserve.models.store.discovery import find
 from tests.models.conftest import write_catalog
 from tests.models.hub import FakeHub, git_sha1
 
@@ -77,7 +77,7 @@ def test_a_split_model_comes_down_whole_and_loads_from_its_first_part(hub: FakeH
 
 
 def test_an_interrupted_pull_resumes_from_its_incomplete_file(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("localserve.models.hub_progress.PROGRESS_INTERVAL_S", 0.0)  # a report per chunk
+    monkeypatch.setattr("localserve.models.pull.progress.PROGRESS_INTERVAL_S", 0.0)  # a report per chunk
     data = gguf_bytes(SIZE)
     key = hub.add("test/tiny-GGUF", "tiny-Q4_K_M.gguf", data)
     cancel = threading.Event()

@@ -9,10 +9,10 @@ import pytest
 
 from localserve.errors import InvalidRequestError, ModelNotFoundError
 from localserve.models.catalog import load_catalog, parse_hub_uri
-from localserve.models.discovery import find
 from localserve.models.names import gguf_models, pick_gguf, quant_of, validate_file_name, validate_model_id
 from localserve.models.policy import ASR, CHAT, EMBEDDINGS, kind_of, parse_keep_alive, parse_max_loaded_models
 from localserve.models.registry import resolve
+from localserve.models.store.discovery import find
 from tests.models.conftest import write_catalog
 
 #: Ids that must never become paths (also used by the HTTP tests).

@@ -23,7 +23,7 @@ from unittest import mock
 import httpx
 import pytest
 
-from localserve.api.debug import ENABLE_ENV
+from localserve.api.admin.debug import ENABLE_ENV
 from localserve.errors import ModelNotFoundError
 from localserve.models.registry import resolve
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings

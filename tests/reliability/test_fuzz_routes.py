@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localserve.api.openapi import build_document
+from localserve.api.admin.openapi import build_document
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 

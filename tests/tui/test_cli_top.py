@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localserve import cli
+from localserve.cli import main as cli
 
 
 @pytest.fixture

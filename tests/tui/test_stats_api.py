@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from localserve.api.admin.stats import add_one_shot_provider, set_batches_provider
 from localserve.api.state import MANAGER
-from localserve.api.stats import add_one_shot_provider, set_batches_provider
 from tests.tui.live import MODEL_ID, LiveServer, empty_app, make_settings, serve
 
 SNAPSHOT_KEYS = {

@@ -1,0 +1,1 @@
+"""Operations routes: model management, stats, metrics, the OpenAPI document, fault injection."""

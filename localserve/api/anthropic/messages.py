@@ -1,0 +1,245 @@
+"""Anthropic's Messages API: `POST /v1/messages` and
+`POST /v1/messages/count_tokens`, over `serving.chat` (tools enforced by
+the same grammar as chat completions' tool calls).
+
+Whole, the answer is a `message` object: `content` blocks (`text`, then a
+`tool_use` block per call), `stop_reason` (`end_turn`, `max_tokens`,
+`stop_sequence` with `stop_sequence`, or `tool_use`) and `usage`. Streamed,
+it is Anthropic's events: `message_start`, `ping`, per block
+`content_block_start`, `content_block_delta` (`text_delta` or
+`input_json_delta`)..., `content_block_stop`, then `message_delta`
+(`stop_reason`, `usage`) and `message_stop`; a failure after the first
+event is an `error` event.
+
+Errors on these routes have Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}`, with the HTTP status
+(`anthropic_error_middleware`): 400 `invalid_request_error`, 401
+`authentication_error`, 404 `not_found_error` (an unknown model), 529
+`overloaded_error` for a full queue (503 while loading or shutting down),
+500 `api_error`. The key may come as `x-api-key` (see `api.middleware`);
+`anthropic-version` and `anthropic-beta` are accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from localserve.api.anthropic.request import CountTokensRequest, MessagesRequest, chat_request
+from localserve.api.hosting import RequestModels
+from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
+from localserve.api.openai.responses import item_id
+from localserve.api.sse import Event, stream_events
+from localserve.errors import LocalServeError, QueueFullError
+from localserve.serving.answer import Answer
+from localserve.serving.chat import count_chat_tokens, start_chat
+from localserve.serving.types import (
+    ChoiceEnd,
+    ChoiceResult,
+    Delta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PREFIXES = ("/v1", "/api/v1")
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+OVERLOADED = 529  # Anthropic's status for "overloaded, retry later"
+
+
+def register(app: web.Application) -> None:
+    """Add the Messages routes (add `anthropic_error_middleware` to the app too)."""
+    for prefix in PREFIXES:
+        app.router.add_post(f"{prefix}/messages", create_message)
+        app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
+
+
+def is_messages_path(path: str) -> bool:
+    return any(path == f"{p}/messages" or path.startswith(f"{p}/messages/") for p in PREFIXES)
+
+
+@web.middleware
+async def anthropic_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """On the Messages routes, errors (the key's included) have Anthropic's shape."""
+    if not is_messages_path(request.path):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except LocalServeError as exc:
+        return anthropic_error(exc)
+    except ValidationError as exc:
+        return anthropic_error(from_validation_error(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return anthropic_error(from_http_error(exc, request))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return anthropic_error(LocalServeError("The server had an unexpected error while processing your request."))
+
+
+def error_body(exc: LocalServeError) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def anthropic_error(exc: LocalServeError) -> web.Response:
+    response = error_response(exc)  # Retry-After and the connection rules as everywhere
+    response.body = json.dumps(error_body(exc)).encode()
+    if isinstance(exc, QueueFullError):
+        response.set_status(OVERLOADED)
+    return response
+
+
+# ---- the message ---------------------------------------------------------------------------
+
+
+def tool_use_id(call_id: str) -> str:
+    """A call's id as Anthropic spells tool_use ids."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def usage_json(usage: Usage, num_prompt_tokens: int | None = None) -> dict[str, Any]:
+    """Anthropic's usage: `input_tokens` leaves out what the prefix cache read."""
+    prompt = usage.num_prompt_tokens if num_prompt_tokens is None else num_prompt_tokens
+    return {
+        "input_tokens": prompt - usage.num_cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.num_cached_tokens,
+        "output_tokens": usage.num_output_tokens,
+    }
+
+
+def stop_reason(finish_reason: str, *, num_calls: int, stop_sequence: str | None) -> str:
+    if finish_reason == "length":
+        return "max_tokens"
+    if num_calls:
+        return "tool_use"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
+
+
+def message_json(msg_id: str, model: str, content: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def whole_message(answer: Answer, result: ChoiceResult) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": result.content}] if result.content else []
+    content += [
+        {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": call.arguments_object()}
+        for call in result.tool_calls
+    ]
+    message = message_json(answer.id, answer.model_id, content, usage_json(result.usage))
+    message["stop_reason"] = stop_reason(
+        result.finish_reason, num_calls=len(result.tool_calls), stop_sequence=result.stop_sequence
+    )
+    message["stop_sequence"] = result.stop_sequence
+    return message
+
+
+class MessageEvents:
+    """Anthropic's streaming events of one answer."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.num_blocks = 0
+        self.open_block: str | None = None  # "text" or "tool_use"
+
+    def opening(self) -> list[Event]:
+        usage = usage_json(Usage(), num_prompt_tokens=len(self.answer.prompt_ids[0]))
+        message = message_json(self.answer.id, self.answer.model_id, [], usage)
+        return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
+
+    def events(self, delta: Delta) -> list[Event]:
+        if isinstance(delta, TextDelta) and delta.text:
+            out = [] if self.open_block == "text" else self._start({"type": "text", "text": ""})
+            return [*out, self._delta({"type": "text_delta", "text": delta.text})]
+        if isinstance(delta, ToolCallStart):
+            block = {"type": "tool_use", "id": tool_use_id(delta.call_id), "name": delta.name, "input": {}}
+            return self._start(block)
+        if isinstance(delta, ToolCallArguments):
+            return [self._delta({"type": "input_json_delta", "partial_json": delta.arguments})]
+        if isinstance(delta, ToolCallEnd):
+            return self._stop()
+        if isinstance(delta, ChoiceEnd):
+            reason = stop_reason(delta.finish_reason, num_calls=delta.num_tool_calls, stop_sequence=delta.stop_sequence)
+            end = {"stop_reason": reason, "stop_sequence": delta.stop_sequence}
+            usage = usage_json(delta.usage)
+            return [
+                *self._stop(),
+                ("message_delta", {"type": "message_delta", "delta": end, "usage": usage}),
+                ("message_stop", {"type": "message_stop"}),
+            ]
+        return []
+
+    def _start(self, block: dict[str, Any]) -> list[Event]:
+        out = self._stop()
+        self.open_block = block["type"]
+        event = {"type": "content_block_start", "index": self.num_blocks, "content_block": block}
+        return [*out, ("content_block_start", event)]
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.num_blocks, "delta": delta}
+
+    def _stop(self) -> list[Event]:
+        if self.open_block is None:
+            return []
+        event = {"type": "content_block_stop", "index": self.num_blocks}
+        self.open_block = None
+        self.num_blocks += 1
+        return [("content_block_stop", event)]
+
+    def failure(self, exc: LocalServeError) -> list[Event]:
+        return [("error", error_body(exc))]
+
+
+# ---- handlers ------------------------------------------------------------------------------
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    """A message (Anthropic's Messages API): whole, or streamed as events."""
+    body = await parse_body(request, MessagesRequest)
+    answer = await start_chat(RequestModels(request), chat_request(body), answer_id=item_id("msg"))
+    headers = {"X-Request-Id": answer.id, "request-id": answer.id}
+    if body.stream:
+        return await stream_events(request, answer, MessageEvents(answer), headers=headers)
+    async with answer:
+        (result,) = await answer.collect()
+    return web.json_response(whole_message(answer, result), headers=headers)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's token count, tools and system included (nothing is generated)."""
+    body = await parse_body(request, CountTokensRequest)
+    return web.json_response({"input_tokens": await count_chat_tokens(RequestModels(request), chat_request(body))})

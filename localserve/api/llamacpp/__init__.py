@@ -1,0 +1,1 @@
+"""llama.cpp server's `/infill` dialect, for editors' code completion."""

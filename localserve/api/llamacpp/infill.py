@@ -1,0 +1,131 @@
+"""`POST /infill`: llama.cpp server's fill-in-the-middle endpoint, for code
+completion in editors (llama.vim, llama.vscode, Continue's llama.cpp
+provider...).
+
+Body: `input_prefix`, `input_suffix` (both required, may be empty),
+`input_extra` ([{filename, text}]), `prompt` (start of the middle),
+`n_predict`, `t_max_predict_ms`, `n_indent`, `temperature`, `top_k`, `top_p`,
+`min_p`, `seed`, `stop`, `repeat_penalty`, `presence_penalty`,
+`frequency_penalty`, `stream`, `return_tokens`, `response_fields`, and
+`model` (optional: which loaded model; by default the only one, or the first
+that has FIM tokens). `cache_prompt` (the prefix cache is always on),
+`samplers`, `t_max_prompt_ms` and `id_slot` are accepted and ignored.
+
+As in llama.cpp: once a newline has been generated, `t_max_predict_ms`
+stops generation after that many ms, and `n_indent` stops it at the first
+later line indented less (the text is cut before that line's first
+character); both end with `stop_type: "limit"`. Streaming sends
+`data: {json}` events (`content` pieces, `stop: false`) and a last one with
+`stop: true`, the counts and timings; no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from localserve.api.hosting import RequestModels
+from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun
+from localserve.api.middleware import parse_body
+from localserve.api.openai.wire import new_id
+from localserve.api.sse import SseWriter
+from localserve.api.state import MANAGER
+from localserve.engine.types import SamplingParams, parse_priority
+from localserve.errors import LocalServeError, ModelNotFoundError
+from localserve.serving import types as serving
+from localserve.serving.answer import Answer
+from localserve.serving.completions import start_infill
+from localserve.serving.fim import fim_tokens
+from localserve.serving.types import ExtraChunk, Options
+
+log = logging.getLogger(__name__)
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/infill", infill)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    body = await parse_body(request, InfillRequest)
+    options = Options(
+        sampling=_sampling(body),
+        max_tokens=body.n_predict if body.n_predict > 0 else None,
+        priority=parse_priority(body.priority),
+    )
+    infill_request = serving.InfillRequest(
+        body.model or _default_model(request),
+        body.input_prefix,
+        body.input_suffix,
+        body.prompt,
+        tuple(ExtraChunk(chunk.filename, chunk.text) for chunk in body.input_extra),
+        options,
+        model_param="model" if body.model else None,
+    )
+    answer = await start_infill(RequestModels(request), infill_request, answer_id=new_id("infill"))
+    n_ctx = answer.model.n_ctx
+    run = InfillRun(body, answer.model_id, answer.truncated, n_ctx, answer.tokenizer.decode(answer.prompt_ids[0]))
+    headers = {"X-Request-Id": answer.id}
+    if body.stream:
+        return await _stream(request, answer, run, headers)
+    async with answer:
+        async for _, event in answer.events():
+            run.add(event)
+            if run.stopped:
+                break
+    return web.json_response(run.result(), headers=headers)
+
+
+def _default_model(request: web.Request) -> str:
+    """The only generative model, else the first with FIM tokens."""
+    manager = request.app[MANAGER]
+    loaded = list(manager.loaded)
+    if len(loaded) == 1:
+        return loaded[0]
+    for model_id in loaded:
+        if fim_tokens(manager.engine.tokenizer(model_id)) is not None:
+            return model_id
+    if loaded:
+        return loaded[0]
+    raise ModelNotFoundError("no model is loaded", param="model")
+
+
+def _sampling(body: InfillRequest) -> SamplingParams:
+    return SamplingParams(
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        penalty_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
+        stop=tuple(s for s in body.stop if s),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+async def _stream(request: web.Request, answer: Answer, run: InfillRun, headers: dict[str, str]) -> web.StreamResponse:
+    writer = SseWriter(request, headers)
+    try:
+        async with answer:
+            async for _, event in answer.events():
+                piece = run.add(event)
+                if piece or event.token_ids:
+                    await writer.send(run.partial(piece))
+                if run.stopped:
+                    break
+        await writer.send(run.result(streamed=True))
+    except ConnectionResetError:
+        pass  # the client left; leaving the answer aborted it
+    except LocalServeError as exc:
+        if not writer.started:
+            raise
+        await writer.send_error(exc)
+    except Exception:
+        if not writer.started:
+            raise
+        log.exception("error while streaming /infill")
+        await writer.send_error(LocalServeError("The server had an unexpected error while streaming."))
+    return writer.response

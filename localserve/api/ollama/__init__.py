@@ -1,0 +1,1 @@
+"""Ollama's API, for the editors and tools that speak it."""

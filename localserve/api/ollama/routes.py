@@ -1,0 +1,311 @@
+"""Ollama's API, for editors and tools that speak it (Continue, Zed, Open
+WebUI, JetBrains AI Assistant, ...): point them at this server's base URL
+as if it were Ollama.
+
+* `GET /` - "Ollama is running", as Ollama answers
+* `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`
+* `POST /api/chat`, `POST /api/generate` (see `api.ollama.chat`)
+* `POST /api/embed` (`input`: text or texts) and the older
+  `POST /api/embeddings` (`prompt`), on a loaded embeddings model
+
+Errors on these routes are Ollama's `{"error": "message"}` with the status
+(`ollama_error_middleware`); `/api/v1/...` is this server's own API and keeps
+the OpenAI envelope. Models are never pulled, copied or deleted through this
+API (`/api/pull` and the like answer 404; this server's `/api/v1/pull`
+does that); chat and embeddings models not loaded are loaded on demand, and
+`keep_alive` works as in Ollama (see `models.lifecycle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from localserve.api.admin.metrics import note_model
+from localserve.api.leases import LIFECYCLE
+from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
+from localserve.api.ollama import chat as ollama_chat
+from localserve.api.ollama.models import (
+    GENERATE,
+    all_models,
+    capabilities,
+    details,
+    file_facts,
+    find_model,
+    installed_models,
+    loaded_models,
+    model_entry,
+    model_id_of,
+)
+from localserve.api.oneshot import oneshot_model
+from localserve.api.state import MANAGER
+from localserve.backends.base import Tokenizer
+from localserve.engine.types import parse_priority
+from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.oneshot import EMBEDDINGS
+from localserve.serving.fim import fim_tokens
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The Ollama API level this server answers like (clients check a minimum).
+OLLAMA_VERSION = "0.12.0"
+#: `/api/ps` for a model in use or kept forever: Ollama shows a far expiry then.
+NEVER_EXPIRES = "2318-01-01T00:00:00Z"
+
+
+def register(app: web.Application) -> None:
+    """Add the Ollama routes (add `ollama_error_middleware` to the app too)."""
+    app.router.add_get("/", root)
+    app.router.add_get("/api/version", version)
+    app.router.add_get("/api/tags", tags)
+    app.router.add_get("/api/ps", running)
+    app.router.add_post("/api/show", show)
+    app.router.add_post("/api/chat", ollama_chat.chat)
+    app.router.add_post("/api/generate", ollama_chat.generate)
+    app.router.add_post("/api/embed", embed)
+    app.router.add_post("/api/embeddings", embeddings)
+
+
+def is_ollama_path(path: str) -> bool:
+    return path == "/" or (path.startswith("/api/") and not (path + "/").startswith("/api/v1/"))
+
+
+@web.middleware
+async def ollama_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """On Ollama's routes, errors are `{"error": "..."}` (same statuses and
+    headers as the OpenAI envelope `error_middleware` gives elsewhere)."""
+    if not is_ollama_path(request.path):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except LocalServeError as exc:
+        return _ollama_error(exc)
+    except ValidationError as exc:
+        return _ollama_error(from_validation_error(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _ollama_error(from_http_error(exc, request))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return _ollama_error(LocalServeError("the server had an unexpected error while processing your request"))
+
+
+def _ollama_error(exc: LocalServeError) -> web.Response:
+    response = error_response(exc)  # status and Retry-After as everywhere
+    response.body = json.dumps({"error": exc.message}).encode()
+    return response
+
+
+# ---- models --------------------------------------------------------------------------
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_VERSION})
+
+
+async def tags(request: web.Request) -> web.Response:
+    """`GET /api/tags`: the chat and embeddings models here, loaded or not."""
+    installed = await asyncio.to_thread(installed_models)
+    models = all_models(request, installed)
+    entries = await asyncio.to_thread(lambda: [model_entry(model) for model in models])
+    return web.json_response({"models": entries})
+
+
+async def running(request: web.Request) -> web.Response:
+    """`GET /api/ps`: the loaded models, with when they will be unloaded."""
+    manager = request.app[MANAGER]
+    lifecycle = request.app.get(LIFECYCLE)
+    expiry = {r["id"]: r["expires_in_s"] for r in lifecycle.describe()} if lifecycle is not None else {}
+    out = []
+    for model in loaded_models(request):
+        assert model.info is not None
+        entry = await asyncio.to_thread(model_entry, model)
+        entry.pop("modified_at")
+        expires_in = expiry.get(model.model_id)
+        entry["expires_at"] = _in_seconds(expires_in) if isinstance(expires_in, int | float) else NEVER_EXPIRES
+        entry["size_vram"] = entry["size"] if model.info.device.upper() != "CPU" else 0
+        entry["context_length"] = (
+            manager.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train
+        )
+        out.append(entry)
+    return web.json_response({"models": out})
+
+
+def _in_seconds(seconds: float) -> str:
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class ShowRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = ""
+    name: str = ""  # Ollama's older field
+
+    @model_validator(mode="after")
+    def _named(self) -> ShowRequest:
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self
+
+
+async def show(request: web.Request) -> web.Response:
+    """`POST /api/show`: details, template, context length, capabilities."""
+    body = await parse_body(request, ShowRequest)
+    installed = await asyncio.to_thread(installed_models)
+    model = find_model(request, body.model or body.name, installed)
+    manager = request.app[MANAGER]
+    template, parameters = "", ""
+    model_info: dict[str, Any] = {}
+    facts = details(model)
+    if model.info is not None:
+        family = facts["family"]
+        model_info = {"general.architecture": family, "general.parameter_count": model.info.num_params}
+        if model.kind == GENERATE:
+            tokenizer = manager.engine.tokenizer(model.model_id)
+            context_length = manager.engine.capacity(model.model_id).n_ctx
+            template = _template(tokenizer)
+            # Modelfile-style lines; Continue reads num_ctx and JSON-parses each stop.
+            lines = [f"num_ctx {context_length}"]
+            if tokenizer.eos_token:
+                lines.append(f"stop {json.dumps(tokenizer.eos_token)}")
+            parameters = "\n".join(lines)
+        else:
+            context_length = model.info.n_ctx_train
+        model_info[f"{family}.context_length"] = context_length
+    _, _, modified = await asyncio.to_thread(file_facts, model.path)
+    return web.json_response(
+        {
+            "license": "",
+            "modelfile": f"# served by localserve\nFROM {model.path}\n",
+            "parameters": parameters,
+            "template": template,
+            "details": facts,
+            "model_info": model_info,
+            "capabilities": capabilities(request, model),
+            "modified_at": modified,
+        }
+    )
+
+
+def _template(tokenizer: Tokenizer) -> str:
+    """The model's Jinja chat template; for a model with FIM tokens, led by an
+    Ollama-style `{{ if .Suffix }}` block, the sign Ollama clients (Continue)
+    look for before they send fill-in-the-middle requests."""
+    source = tokenizer.chat_template or ""
+    fim = fim_tokens(tokenizer)
+    if fim is None:
+        return source
+    special = getattr(tokenizer, "special_text", tokenizer.token_text)
+    pre, suf, mid = (special(t) for t in (fim.pre, fim.suf, fim.mid))
+    return (
+        f"{{{{- if .Suffix }}}}{pre}{{{{ .Prompt }}}}{suf}{{{{ .Suffix }}}}{mid}{{{{- else }}}}{source}{{{{- end }}}}"
+    )
+
+
+# ---- embeddings ----------------------------------------------------------------------
+
+
+class Embedder(Protocol):
+    def tokenize(self, text: str) -> tuple[int, ...]: ...
+
+    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
+
+
+class EmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(default_factory=list)
+    truncate: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+    keep_alive: str | float | None = None  # read by api.leases when the model is acquired
+
+
+class LegacyEmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    prompt: str = ""
+    keep_alive: str | float | None = None
+
+
+async def embed(request: web.Request) -> web.Response:
+    """`POST /api/embed`: `{"embeddings": [[...], ...]}` (unit vectors)."""
+    started = time.monotonic_ns()
+    body = await parse_body(request, EmbedRequest)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    vectors, num_tokens = await _embed(request, body.model, texts, truncate=body.truncate, dimensions=body.dimensions)
+    return web.json_response(
+        {
+            "model": body.model,
+            "embeddings": [v.astype(np.float32).tolist() for v in vectors],
+            "total_duration": time.monotonic_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": num_tokens,
+        }
+    )
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """`POST /api/embeddings` (Ollama's older route): `{"embedding": [...]}`."""
+    body = await parse_body(request, LegacyEmbeddingsRequest)
+    if not body.prompt:
+        await oneshot_model(request, model_id_of(request, body.model), EMBEDDINGS)  # 404 for an unknown model
+        return web.json_response({"embedding": []})
+    vectors, _ = await _embed(request, body.model, [body.prompt], truncate=True, dimensions=None)
+    return web.json_response({"embedding": vectors[0].astype(np.float32).tolist()})
+
+
+async def _embed(
+    request: web.Request, name: str, texts: list[str], *, truncate: bool, dimensions: int | None
+) -> tuple[list[np.ndarray], int]:
+    model_id = model_id_of(request, name)
+    manager = request.app[MANAGER]
+    if model_id in manager.loaded:
+        embedders = [m for m, o in manager.oneshot.items() if o.kind == EMBEDDINGS]
+        raise InvalidRequestError(
+            f'"{name}" is a chat model and does not make embeddings here; use an embeddings model '
+            f"(loaded: {', '.join(embedders) or 'none'})",
+            param="model",
+        )
+    model = await oneshot_model(request, model_id, EMBEDDINGS)  # loads it if needed
+    note_model(request, model_id)
+    n_embd = getattr(model.backend, "n_embd", None)
+    if dimensions is not None and dimensions != n_embd:
+        raise InvalidRequestError(f'"{name}" makes vectors of {n_embd} dimensions only', param="dimensions")
+    if not texts:
+        return [], 0
+    backend: Embedder = model.backend  # type: ignore[assignment]
+    limit = getattr(model.backend, "max_input_tokens", None) if truncate else None
+    items = await asyncio.to_thread(_token_lists, backend, texts, limit)
+    vectors = await model.batcher.submit(items, priority=parse_priority(None))
+    return list(vectors), sum(len(item) for item in items)
+
+
+def _token_lists(backend: Embedder, texts: list[str], limit: int | None) -> list[tuple[int, ...]]:
+    items = []
+    for i, text in enumerate(texts):
+        param = "input" if len(texts) == 1 else f"input[{i}]"
+        if not text:
+            raise InvalidRequestError(f"{param} is an empty string; send some text", param=param)
+        ids = backend.tokenize(text)
+        if limit and len(ids) > limit:
+            ids = (*ids[: limit - 1], ids[-1])  # keep the closing special token ([SEP], EOS)
+        items.append(backend.check(ids, param))
+    return items

@@ -1,0 +1,1 @@
+"""OpenAI's dialect: chat, completions, embeddings, audio, Responses, Files and Batches."""

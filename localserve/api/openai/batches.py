@@ -1,0 +1,130 @@
+"""The Batch API (OpenAI's), under `/v1` and `/api/v1`:
+
+* `POST /batches` `{"input_file_id", "endpoint", "completion_window": "24h", "metadata"}`
+* `GET  /batches?after=&limit=` (newest first), `GET /batches/{id}`
+* `POST /batches/{id}/cancel`
+
+`register(app)` also adds the Files API and the batch runner's lifecycle
+(resumed at start-up, stopped at shutdown), and feeds the dashboard's
+`batches` list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from localserve.api.admin.stats import set_batches_provider
+from localserve.api.middleware import parse_body
+from localserve.api.openai import files
+from localserve.api.openai.batch_service import JOBS, BatchService, jobs_of
+from localserve.jobs.types import BATCH_ENDPOINTS, COMPLETION_WINDOWS
+
+PREFIXES = ("/v1", "/api/v1")
+MAX_METADATA_KEYS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 16, 64, 512
+
+
+class CreateBatchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # e.g. output_expires_after: accepted, outputs are kept
+
+    input_file_id: str = Field(min_length=1)
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str) -> str:
+        if value not in BATCH_ENDPOINTS:
+            raise ValueError(f"{value!r} is not supported; use one of {', '.join(BATCH_ENDPOINTS)}")
+        return value
+
+    @field_validator("completion_window")
+    @classmethod
+    def _check_window(cls, value: str) -> str:
+        if value not in COMPLETION_WINDOWS:
+            raise ValueError(f"{value!r} is not supported; use {' or '.join(map(repr, COMPLETION_WINDOWS))}")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} keys are allowed")
+        for key, text in value.items():
+            if len(key) > MAX_KEY_CHARS or len(text) > MAX_VALUE_CHARS:
+                raise ValueError(f"keys have at most {MAX_KEY_CHARS} characters and values at most {MAX_VALUE_CHARS}")
+        return value
+
+
+def register(app: web.Application) -> None:
+    """Add the Files and Batch routes, the runner's lifecycle and the stats hook."""
+    service = app[JOBS] = BatchService(app)
+    for prefix in PREFIXES:
+        app.router.add_post(f"{prefix}/batches", create_batch)
+        app.router.add_get(f"{prefix}/batches", list_batches)
+        app.router.add_get(f"{prefix}/batches/{{batch_id}}", get_batch)
+        app.router.add_post(f"{prefix}/batches/{{batch_id}}/cancel", cancel_batch)
+    files.register(app)
+    app.cleanup_ctx.append(_jobs_lifecycle)
+    set_batches_provider(app, service.snapshot)
+
+
+async def _jobs_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    service = app[JOBS]
+    await service.resume()
+    yield
+    await service.close()
+
+
+async def create_batch(request: web.Request) -> web.Response:
+    """Queue a batch; it validates in the background (status `validating`)."""
+    body = await parse_body(request, CreateBatchRequest)
+    store, runner = await jobs_of(request)
+    batch = await store.call(
+        store.create_batch,
+        body.endpoint,
+        body.input_file_id,
+        body.completion_window,
+        COMPLETION_WINDOWS[body.completion_window],
+        body.metadata,
+    )
+    runner.notify(batch)
+    return web.json_response(batch.to_openai())
+
+
+async def get_batch(request: web.Request) -> web.Response:
+    store, _ = await jobs_of(request)
+    batch = await store.call(store.get_batch, request.match_info["batch_id"])
+    return web.json_response(batch.to_openai())
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    """Newest first; `after` is the id of the last batch of the previous page."""
+    store, _ = await jobs_of(request)
+    limit = files.query_int(request, "limit", 20, 1, 100)
+    batches, has_more = await store.call(store.list_batches, after=request.query.get("after") or None, limit=limit)
+    data: list[dict[str, Any]] = [b.to_openai() for b in batches]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": has_more,
+        }
+    )
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    """`cancelling` now; `cancelled`, with the finished lines' output, once the
+    lines in flight are stopped."""
+    store, runner = await jobs_of(request)
+    batch = await store.call(store.request_cancel, request.match_info["batch_id"])
+    runner.cancel(batch)
+    return web.json_response(batch.to_openai())

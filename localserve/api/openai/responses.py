@@ -1,0 +1,275 @@
+"""`POST /v1/responses`: OpenAI's Responses API, stateless, over
+`serving.chat` (tools and `text.format` enforced by the same grammars as
+chat completions).
+
+Whole, the answer is a `response` object: `output` holds a `message` item
+with the text (`output_text`), then a `function_call` item per call;
+`status` is `completed`, or `incomplete` with `incomplete_details.reason:
+"max_output_tokens"` when the token limit cut it. Streamed (`stream: true`)
+it is OpenAI's event sequence, each event numbered by `sequence_number`:
+`response.created`, `response.in_progress`, then per item
+`response.output_item.added`, (`response.content_part.added`,
+`response.output_text.delta`..., `response.output_text.done`,
+`response.content_part.done`) or (`response.function_call_arguments.delta`...,
+`response.function_call_arguments.done`), `response.output_item.done`, and
+last `response.completed` or `response.incomplete`. A failure after the
+first event is an `error` event followed by `response.failed`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from localserve.api.hosting import RequestModels
+from localserve.api.middleware import parse_body
+from localserve.api.openai.responses_request import ResponsesRequest, chat_request
+from localserve.api.sse import Event, stream_events
+from localserve.engine.types import SamplingParams
+from localserve.errors import LocalServeError
+from localserve.serving.answer import Answer
+from localserve.serving.chat import start_chat
+from localserve.serving.models import ModelHost
+from localserve.serving.types import (
+    ChoiceEnd,
+    ChoiceResult,
+    Delta,
+    TextDelta,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+
+def register(app: web.Application) -> None:
+    for prefix in ("/v1", "/api/v1"):
+        app.router.add_post(f"{prefix}/responses", create_response)
+
+
+def item_id(prefix: str) -> str:
+    """`resp_...`, `msg_...`, `fc_...` as OpenAI spells them."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseObject:
+    """The `response` object of one answer, as it grows (streaming) or whole."""
+
+    def __init__(self, response_id: str, model: str, body: ResponsesRequest) -> None:
+        self.id = response_id
+        self.model = model
+        self.body = body
+        self.created_at = int(time.time())
+        self.output: list[dict[str, Any]] = []
+        self.usage: Usage | None = None
+        self.status = "in_progress"
+
+    def finish(self, finish_reason: str, usage: Usage) -> None:
+        """Completed, or incomplete when the token limit cut the answer."""
+        self.usage = usage
+        self.status = "incomplete" if finish_reason == "length" else "completed"
+
+    def to_json(self, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = self.body
+        tool_choice = body.tool_choice or "auto"
+        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text else {"type": "text"}
+        defaults = SamplingParams()
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "model": self.model,
+            "output": self.output,
+            "output_text": output_text(self.output),
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": defaults.temperature if body.temperature is None else body.temperature,
+            "text": {"format": fmt},
+            "tool_choice": tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(),
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+            "top_p": defaults.top_p if body.top_p is None else body.top_p,
+            "truncation": "disabled",
+            "usage": _usage(self.usage) if self.usage is not None else None,
+            "user": body.user,
+            "metadata": body.metadata or {},
+        }
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.num_prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.num_cached_tokens},
+        "output_tokens": usage.num_output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.num_prompt_tokens + usage.num_output_tokens,
+    }
+
+
+def output_text(output: list[dict[str, Any]]) -> str:
+    """The text of every `output_text` part (what the SDK's `output_text` gives)."""
+    parts = (part for item in output if item["type"] == "message" for part in item["content"])
+    return "".join(part["text"] for part in parts if part["type"] == "output_text")
+
+
+def message_item(msg_id: str, content: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
+    return {"id": msg_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(fc_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    fields = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+    return {"id": fc_id, "type": "function_call", "status": status, **fields}
+
+
+def whole_response(response: ResponseObject, result: ChoiceResult) -> dict[str, Any]:
+    """A whole answer: a message with the text (if any, or if there is no
+    call), then one `function_call` item per call."""
+    if result.content or not result.tool_calls:
+        response.output.append(message_item(item_id("msg"), [text_part(result.content or "")]))
+    response.output += [call_item(item_id("fc"), call) for call in result.tool_calls]
+    response.finish(result.finish_reason, result.usage)
+    return response.to_json()
+
+
+class ResponseEvents:
+    """The streaming events of one answer, numbered from 0."""
+
+    def __init__(self, response: ResponseObject) -> None:
+        self.response = response
+        self.sequence_number = 0
+        self.message: dict[str, Any] | None = None  # the message item being written
+        self.text = ""
+        self.calls: dict[int, dict[str, Any]] = {}  # call index -> its item, while open
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        payload = {"type": kind, **fields, "sequence_number": self.sequence_number}
+        self.sequence_number += 1
+        return kind, payload
+
+    def opening(self) -> list[Event]:
+        state = self.response.to_json()
+        return [self._event("response.created", response=state), self._event("response.in_progress", response=state)]
+
+    def events(self, delta: Delta) -> list[Event]:
+        if isinstance(delta, TextDelta):
+            return self._text(delta.text) if delta.text else []
+        if isinstance(delta, ToolCallStart):
+            call = call_item(item_id("fc"), ToolCall(delta.call_id, delta.name, ""), status="in_progress")
+            self.calls[delta.call_index] = call
+            return [*self._close_message(), self._added(call)]
+        if isinstance(delta, ToolCallArguments):
+            call = self.calls[delta.call_index]
+            call["arguments"] += delta.arguments
+            index = self.response.output.index(call)
+            return [self._event("response.function_call_arguments.delta", item_id=call["id"], output_index=index, delta=delta.arguments)]  # fmt: skip
+        if isinstance(delta, ToolCallEnd):
+            return self._close_call(delta.call_index, "completed")
+        if isinstance(delta, ChoiceEnd):
+            return self._end(delta)
+        return []
+
+    def _added(self, item: dict[str, Any]) -> Event:
+        self.response.output.append(item)
+        return self._event("response.output_item.added", output_index=len(self.response.output) - 1, item=dict(item))
+
+    def _text(self, text: str) -> list[Event]:
+        out = []
+        if self.message is None:
+            self.message = message_item(item_id("msg"), [], status="in_progress")
+            out.append(self._added(self.message))
+            out.append(self._part_event("response.content_part.added", text_part("")))
+        self.text += text
+        out.append(self._text_event("response.output_text.delta", delta=text, logprobs=[]))
+        return out
+
+    def _text_event(self, kind: str, **fields: Any) -> Event:
+        assert self.message is not None
+        index = self.response.output.index(self.message)
+        return self._event(kind, item_id=self.message["id"], output_index=index, content_index=0, **fields)
+
+    def _part_event(self, kind: str, part: dict[str, Any]) -> Event:
+        return self._text_event(kind, part=part)
+
+    def _close_message(self, status: str = "completed") -> list[Event]:
+        if self.message is None:
+            return []
+        message, part = self.message, text_part(self.text)
+        out = [
+            self._text_event("response.output_text.done", text=self.text, logprobs=[]),
+            self._part_event("response.content_part.done", part),
+        ]
+        message["content"], message["status"] = [part], status
+        out.append(self._event("response.output_item.done", output_index=self.response.output.index(message), item=message))  # fmt: skip
+        self.message = None
+        return out
+
+    def _close_call(self, call_index: int, status: str) -> list[Event]:
+        call = self.calls.pop(call_index)
+        call["status"] = status
+        index = self.response.output.index(call)
+        return [
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=call["id"],
+                output_index=index,
+                arguments=call["arguments"],
+            ),  # fmt: skip
+            self._event("response.output_item.done", output_index=index, item=call),
+        ]
+
+    def _end(self, end: ChoiceEnd) -> list[Event]:
+        status = "incomplete" if end.finish_reason == "length" else "completed"
+        if not self.response.output:
+            self._text("")  # an empty answer is still one message
+        out = self._close_message(status)
+        for call_index in list(self.calls):  # a call the token limit cut short
+            out += self._close_call(call_index, "incomplete")
+        self.response.finish(end.finish_reason, end.usage)
+        kind = "response.incomplete" if self.response.status == "incomplete" else "response.completed"
+        return [*out, self._event(kind, response=self.response.to_json())]
+
+    def failure(self, exc: LocalServeError) -> list[Event]:
+        self.response.status = "failed"
+        error = {"code": exc.code or exc.type, "message": exc.message}
+        return [
+            self._event("error", code=exc.code or exc.type, message=exc.message, param=exc.param),
+            self._event("response.failed", response=self.response.to_json(error)),
+        ]
+
+
+async def start(host: ModelHost, body: ResponsesRequest) -> tuple[ResponseObject, Answer]:
+    """Queue the answer to `body` (the handler and the batch runner)."""
+    response_id = item_id("resp")
+    answer = await start_chat(host, chat_request(body), answer_id=response_id)
+    return ResponseObject(response_id, answer.model_id, body), answer
+
+
+async def whole(response: ResponseObject, answer: Answer) -> dict[str, Any]:
+    """The `response` object, once the answer is complete."""
+    async with answer:
+        (result,) = await answer.collect()
+    return whole_response(response, result)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """A model response (stateless): whole, or streamed as events."""
+    body = await parse_body(request, ResponsesRequest)
+    response, answer = await start(RequestModels(request), body)
+    headers = {"X-Request-Id": response.id}
+    if not body.stream:
+        return web.json_response(await whole(response, answer), headers=headers)
+    return await stream_events(request, answer, ResponseEvents(response), headers=headers)

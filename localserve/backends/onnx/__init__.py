@@ -1,0 +1,1 @@
+"""The ONNX Runtime family: a decoder with past key/values, and embeddings."""

@@ -1,0 +1,141 @@
+"""Embeddings with ONNX Runtime: the graph `models.convert.bert_onnx` builds from a
+sentence-transformers folder, and its WordPiece tokenizer (`tokenizers`).
+
+Unlike llama.cpp, a batch here is a padded rectangle, so `padding_free` is
+False and the batcher groups inputs by length before each `run`.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localserve.backends.base import BackendInfo, OneShotBackend
+from localserve.errors import ContextLengthError, DeviceNotFoundError, InvalidRequestError, LocalServeError
+
+TokenIds = tuple[int, ...]
+
+PROVIDERS = {  # our device names -> ONNX Runtime execution providers, best first
+    "gpu": ("CUDAExecutionProvider", "DmlExecutionProvider"),
+    "cpu": ("CPUExecutionProvider",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OnnxEmbeddingConfig:
+    model_path: str  # the .onnx file; its tokenizer is `<stem>.tokenizer.json` beside it
+    device: str = "auto"  # auto | cpu | gpu
+    n_threads: int = 0  # 0: all cores
+    max_input_tokens: int = 512
+
+
+class PaddedEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
+    """What the ONNX Runtime and OpenVINO embedding backends share: the
+    WordPiece tokenizer beside the graph, input checks, and right-padded
+    `input_ids`/`attention_mask` batches. Subclasses run the graph."""
+
+    padding_free = False
+
+    def _open_tokenizer(self, tokenizer_file: Path, max_input_tokens: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.vocab_size = int(self.tokenizer.get_vocab_size())
+        self.max_input_tokens = max_input_tokens
+        self.pad_id = int(self.tokenizer.token_to_id("[PAD]") or 0)
+
+    @abstractmethod
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Pooled embeddings [rows, n_embd] of one padded batch."""
+
+    def tokenize(self, text: str) -> TokenIds:
+        return tuple(self.tokenizer.encode(text).ids)
+
+    def check(self, token_ids: Sequence[int], param: str) -> TokenIds:
+        if not token_ids:
+            raise InvalidRequestError(f"'{param}' is empty; send at least one token", param=param)
+        if len(token_ids) > self.max_input_tokens:
+            raise ContextLengthError(
+                f"'{param}' has {len(token_ids)} tokens; this model embeds at most {self.max_input_tokens} tokens "
+                "per input. Shorten or split it.",
+                param=param,
+            )
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"'{param}' has token id {bad}, outside this model's vocabulary of {self.vocab_size}", param=param
+            )
+        return tuple(int(t) for t in token_ids)
+
+    def item_size(self, item: TokenIds) -> int:
+        return len(item)
+
+    def run(self, items: Sequence[TokenIds]) -> list[np.ndarray]:
+        """One padded forward pass over `items` (the batcher keeps their lengths close)."""
+        width = max(len(item) for item in items)
+        input_ids = np.full((len(items), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(items), width), dtype=np.int64)
+        for row, item in enumerate(items):
+            input_ids[row, : len(item)] = item
+            mask[row, : len(item)] = 1
+        return list(self._forward(input_ids, mask).astype(np.float32))
+
+
+class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
+    """Pooled, normalised sentence embeddings from one ONNX Runtime session."""
+
+    def __init__(self, config: OnnxEmbeddingConfig) -> None:
+        import onnxruntime as ort
+
+        path = Path(config.model_path)
+        tokenizer_file = path.with_name(path.stem + ".tokenizer.json")
+        if not path.is_file() or not tokenizer_file.is_file():
+            raise LocalServeError(
+                f"{path} and its tokenizer {tokenizer_file.name} are needed; run `localserve convert`"
+            )
+        self.config = config
+        providers = _providers(config.device, ort.get_available_providers())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(path), options, providers=providers)
+        self._device = "CPU" if providers[0] == "CPUExecutionProvider" else "GPU"
+        self._open_tokenizer(tokenizer_file, config.max_input_tokens)
+        self.n_embd = int(self._session.get_outputs()[0].shape[-1])
+
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        (embeddings,) = self._session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": attention_mask})
+        return embeddings
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            backend="onnxruntime",
+            device=self._device,
+            model_path=self.config.model_path,
+            architecture="bert",
+            n_ctx_train=self.max_input_tokens,
+        )
+
+    def close(self) -> None:
+        self._session = None
+
+
+def _providers(device: str, available: list[str]) -> list[str]:
+    device = device.lower()
+    if device not in ("auto", "cpu", "gpu"):
+        raise DeviceNotFoundError(f"unknown device {device!r} for ONNX Runtime; use auto, cpu or gpu")
+    gpus = [p for p in PROVIDERS["gpu"] if p in available]
+    if device == "gpu" and not gpus:
+        raise DeviceNotFoundError(
+            f"device 'gpu' was asked for, but ONNX Runtime has no GPU provider; present: {', '.join(available)}"
+        )
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    return [*gpus, "CPUExecutionProvider"]

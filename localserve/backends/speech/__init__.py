@@ -1,0 +1,1 @@
+"""Speech recognition: what every Whisper backend shares, faster-whisper and whisper.cpp."""

@@ -1,0 +1,290 @@
+"""The option table every command that serves a model shares (`serve`, `run`,
+`batch run`): each flag, the `ServerSettings` field it fills, its
+`LOCALSERVE_*` environment variable, how it is parsed; and `CliError`, a
+user mistake said in one line. A light module below every command module
+(cli/main.py imports the commands; they import this)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localserve.backends.kv_types import FLASH_ATTN_MODES, KV_CACHE_TYPES
+from localserve.cli.models import keep_alive_option, max_loaded_models_option
+from localserve.config import MODEL_DEFAULTS, ServerSettings
+
+ENV_PREFIX = "LOCALSERVE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEVICES = ("auto", "cpu", "gpu")
+
+
+class CliError(Exception):
+    """A user mistake or missing prerequisite: one line on stderr, exit 1."""
+
+
+# ---- option table (flag -> ServerSettings field -> LOCALSERVE_* variable) -----
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return convert
+
+
+def _port(text: str) -> int:
+    value = int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a number >= 0 (not NaN)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"choose one of {', '.join(choices)}; got {text!r}")
+        return text.lower()
+
+    return convert
+
+
+def _ctx_size(text: str) -> int:
+    value = int_at_least(0)(text)
+    if 0 < value < 16:
+        raise argparse.ArgumentTypeError(f"must be 0 (the model's) or at least 16, got {value}")
+    return value
+
+
+def _gpu_layers(text: str) -> int | str:
+    from localserve.models.catalog import parse_gpu_layers
+
+    try:
+        return parse_gpu_layers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One `serve` option: its flag, the settings field it fills, how to parse it."""
+
+    flag: str
+    field: str  # a ServerSettings field, or "" for a CLI-only option
+    convert: Callable[[str], Any]
+    help: str
+    metavar: str
+    repeat: bool = False  # flag may be given several times; env var is comma-separated
+    default: Any = None  # only for CLI-only options; settings fields take the dataclass default
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.flag.lstrip("-").upper().replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option("--host", "host", str, "address to listen on; 0.0.0.0 opens the server to your network", "ADDR"),
+    Option("--port", "port", _port, "TCP port to listen on", "N"),
+    Option(
+        "--model",
+        "models",
+        str,
+        "model to serve: a catalog ID, org/repo[:QUANT] from the Hugging Face cache or LM Studio, an Ollama "
+        "name[:tag] (see `localserve list`), a PATH to a .gguf file (served under its file stem), or ID=PATH; "
+        "repeat to serve several",
+        "ID_OR_PATH",
+        repeat=True,
+    ),
+    Option("--api-key", "api_key", str, "require `Authorization: Bearer KEY` on every route but /health", "KEY"),
+    Option("--max-queue", "max_queue", int_at_least(0), "waiting requests per model before 503 + Retry-After", "N"),
+    Option("--parallel", "parallel", int_at_least(1), "sequences decoded together per model (KV slots)", "N"),
+    Option(
+        "--ctx-size",
+        "ctx_size",
+        _ctx_size,
+        "longest sequence (prompt + output) of a slot in tokens; 0 = the model's training context; "
+        "shortened to what fits in free memory",
+        "N",
+    ),
+    Option(
+        "--kv-size",
+        "kv_size",
+        int_at_least(0),
+        "KV cache cells of a model; 0 = ctx-size x parallel (a stream per slot, fastest); fewer = one pool the slots share",
+        "N",
+    ),
+    Option("--batch-tokens", "batch_tokens", int_at_least(1), "token budget of one engine step", "N"),
+    Option("--threads", "threads", int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
+    Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),
+    Option(
+        "--n-gpu-layers",
+        "n_gpu_layers",
+        _gpu_layers,
+        "layers of a GGUF model offloaded to the GPU: auto (as many as free GPU memory holds; 0 without a GPU "
+        "build), all, or N",
+        "N",
+    ),
+    Option(
+        "--cache-type-k",
+        "cache_type_k",
+        _choice(tuple(KV_CACHE_TYPES)),
+        f"KV cache element type of K for GGUF models: {', '.join(KV_CACHE_TYPES)} (default f16; q8_0 halves the "
+        "KV memory)",
+        "TYPE",
+    ),
+    Option(
+        "--cache-type-v",
+        "cache_type_v",
+        _choice(tuple(KV_CACHE_TYPES)),
+        "KV cache element type of V, as --cache-type-k (a quantized V needs flash attention)",
+        "TYPE",
+    ),
+    Option(
+        "--flash-attn",
+        "flash_attn",
+        _choice(FLASH_ATTN_MODES),
+        "flash attention for GGUF models: auto (where the device supports it), on, off",
+        "MODE",
+    ),
+    Option(
+        "--allow-host",
+        "allow_hosts",
+        str,
+        "extra Host header name to accept (DNS-rebinding guard)",
+        "NAME",
+        repeat=True,
+    ),
+    Option("--cors-origin", "cors_origins", str, "extra browser origin allowed by CORS", "ORIGIN", repeat=True),
+    Option("--max-body-bytes", "max_body_bytes", int_at_least(1), "largest request body; larger gets 413", "N"),
+    Option(
+        "--body-timeout",
+        "body_timeout_s",
+        non_negative,
+        "seconds a request body may send nothing before 408 and the connection closes; 0 = no limit",
+        "S",
+    ),
+    Option("--aging", "aging_s", non_negative, "seconds of waiting that raise a request by one priority level", "S"),
+    Option(
+        "--reserved-slots",
+        "reserved_slots",
+        int_at_least(-1),
+        "slots per model that are interactive requests' first claim: batch-priority work uses them only while "
+        "it runs alone and gives one back at the next step when needed (-1 = parallel/8)",
+        "N",
+    ),
+    Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
+    Option(
+        "--max-loaded-models",
+        "max_loaded_models",
+        max_loaded_models_option,
+        "models loaded at once per kind, N or chat=N,embeddings=N,asr=N (0 = no limit); the least recently "
+        "used idle one is unloaded to make room",
+        "N",
+    ),
+    Option(
+        "--keep-alive",
+        "keep_alive",
+        keep_alive_option,
+        "how long an idle model stays loaded: 5m, 30s, 0 (unload after each request), -1 (forever); "
+        "unset = 5m for models loaded on demand, forever for --model ones",
+        "DURATION",
+    ),
+    Option("--log-level", "", _choice(LOG_LEVELS), f"logging level: {', '.join(LOG_LEVELS)}", "LEVEL", default="info"),
+)
+
+
+def _default_of(option: Option) -> Any:
+    if not option.field:
+        return option.default
+    return getattr(ServerSettings(), option.field)
+
+
+def _describe_option_default(option: Option) -> str:
+    if option.field in MODEL_DEFAULTS:  # per model: request > flag > config file > catalog > this
+        return f"the model's (config file, catalog), else {MODEL_DEFAULTS[option.field]}"
+    return _describe_default(_default_of(option))
+
+
+def _describe_default(value: Any) -> str:
+    if value is None or value == [] or value == "":
+        return "none"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Add `options` to `parser`; defaults stay None so env vars can fill the gaps."""
+    for option in options:
+        help_text = f"{option.help} (env {option.env}; default: {_describe_option_default(option)})"
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            type=option.convert,
+            metavar=option.metavar,
+            action="append" if option.repeat else "store",
+            default=None,
+            help=help_text,
+        )
+
+
+def resolve_options(args: argparse.Namespace, options: Sequence[Option], env: Mapping[str, str]) -> dict[str, Any]:
+    """Flag if given, else the env var if set and not empty, else the default; keyed by dest."""
+    values: dict[str, Any] = {}
+    for option in options:
+        value = getattr(args, option.dest)
+        if value is None and env.get(option.env, "").strip():
+            raw = env[option.env].strip()
+            try:
+                if option.repeat:
+                    value = [option.convert(part.strip()) for part in raw.split(",") if part.strip()]
+                else:
+                    value = option.convert(raw)
+            except argparse.ArgumentTypeError as exc:
+                raise CliError(f"{option.env}={raw!r}: {exc}") from None
+        values[option.dest] = _default_of(option) if value is None else value
+    return values
+
+
+def build_serve_settings(values: Mapping[str, Any]) -> ServerSettings:
+    fields = {option.field: values[option.dest] for option in SERVE_OPTIONS if option.field}
+    return ServerSettings(**fields)
+
+
+def settings_from_args(argv: Sequence[str], env: Mapping[str, str]) -> ServerSettings:
+    """ServerSettings from `serve` arguments (with or without the leading
+    "serve") and an environment mapping. Starts nothing; flags win over env."""
+    argv = list(argv)
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="localserve serve")
+    add_options(parser, SERVE_OPTIONS)
+    return build_serve_settings(resolve_options(parser.parse_args(argv), SERVE_OPTIONS, env))
+
+
+#: The options of the commands that load a model in this process (`run`, `batch run`).
+RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device", "--n-gpu-layers"))
