@@ -6,36 +6,47 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from localserve.engine.types import PRIORITY_ALIASES
-from localserve.errors import InvalidRequestError
+from localserve.errors import BackendError, InvalidRequestError
 from localserve.models.matryoshka import dimensions_resize
 from localserve.models.oneshot import EMBEDDINGS
 from localserve.serving.models import ModelHost, hold_oneshot_model
 
 
+@runtime_checkable
 class Embedder(Protocol):
-    """What embeddings need of a backend (llama.cpp or ONNX Runtime)."""
+    """What embeddings need of a backend (llama.cpp, ONNX Runtime, OpenVINO),
+    besides `OneShotBackend.run` on the batcher's thread. `tokenize` and
+    `check` may be called from any thread (here: a worker thread)."""
 
     n_embd: int
+    max_input_tokens: int  # the longest input `check` lets through
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
-    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
+    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]:
+        """`token_ids` as the batcher's item; 400 naming `param` for an input
+        the model cannot embed (too long, a token id out of range)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingsRequest:
-    """One vector per input; `dimensions` shortens them (Matryoshka-trained models only)."""
+    """One vector per input; `dimensions` shortens them (Matryoshka-trained
+    models only). A text longer than the model takes is a 400, or with
+    `truncate` cut to fit (Ollama's default), keeping its closing special
+    token. No inputs: the model is held (loaded) and no vector made."""
 
     model: str
     inputs: tuple[str | tuple[int, ...], ...]
     dimensions: int | None = None
     priority: float = PRIORITY_ALIASES["default"]
     param: str = "input"
+    truncate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,25 +61,34 @@ class Embeddings:
 async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
     """Tokenize (off the event loop), check, and run on the model's batcher."""
     model = await hold_oneshot_model(host, request.model, EMBEDDINGS)
-    backend: Embedder = model.backend  # type: ignore[assignment]
+    backend = model.backend
+    if not isinstance(backend, Embedder):  # a backend registered for embeddings without the interface
+        raise BackendError(f"model {request.model!r}: its backend does not make embeddings")
     # Shorter vectors only from Matryoshka-trained models (models/matryoshka.py); 400 otherwise.
     resize = dimensions_resize(request.model, model.spec.path, backend.n_embd, request.dimensions)
-    items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param)
+    limit = backend.max_input_tokens if request.truncate else None
+    items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param, limit)
     vectors = await model.batcher.submit(items, priority=request.priority)
     if resize is not None:
         vectors = [resize(vector) for vector in vectors]
     return Embeddings(request.model, list(vectors), sum(len(item) for item in items))
 
 
-def _token_lists(backend: Embedder, inputs: Sequence[str | tuple[int, ...]], name: str) -> list[tuple[int, ...]]:
-    """Tokenize texts, check token lists; 400 naming the bad input."""
+def _token_lists(
+    backend: Embedder, inputs: Sequence[str | tuple[int, ...]], name: str, limit: int | None
+) -> list[tuple[int, ...]]:
+    """Tokenize texts (cut to `limit` tokens if given), check token lists;
+    400 naming the bad input."""
     items = []
     for i, entry in enumerate(inputs):
         param = name if len(inputs) == 1 else f"{name}[{i}]"
         if isinstance(entry, str):
             if not entry:
                 raise InvalidRequestError(f"'{param}' is an empty string; send some text", param=param)
-            items.append(backend.check(backend.tokenize(entry), param))
+            ids = backend.tokenize(entry)
+            if limit and len(ids) > limit:
+                ids = (*ids[: limit - 1], ids[-1])  # keep the closing special token ([SEP], EOS)
+            items.append(backend.check(ids, param))
         else:
             items.append(backend.check(entry, param))
     return items

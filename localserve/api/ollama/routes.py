@@ -13,7 +13,7 @@ Errors on these routes are Ollama's `{"error": "message"}` with the status
 the OpenAI envelope. Models are never pulled, copied or deleted through this
 API (`/api/pull` and the like answer 404; this server's `/api/v1/pull`
 does that); chat and embeddings models not loaded are loaded on demand, and
-`keep_alive` works as in Ollama (see `models.lifecycle`).
+`keep_alive` works as in Ollama (see `models.registry`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ import datetime
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from localserve.api.admin.metrics import note_model
-from localserve.api.leases import LIFECYCLE
+from localserve.api.hosting import RequestModels
 from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
 from localserve.api.ollama import chat as ollama_chat
 from localserve.api.ollama.models import (
@@ -46,12 +45,12 @@ from localserve.api.ollama.models import (
     model_entry,
     model_id_of,
 )
-from localserve.api.oneshot import oneshot_model
-from localserve.api.state import MANAGER
+from localserve.api.state import REGISTRY
 from localserve.backends.base import Tokenizer
-from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.models.oneshot import EMBEDDINGS
+from localserve.serving.embeddings import Embeddings, EmbeddingsRequest
+from localserve.serving.embeddings import embed as serving_embed
 from localserve.serving.fim import fim_tokens
 
 log = logging.getLogger(__name__)
@@ -131,9 +130,8 @@ async def tags(request: web.Request) -> web.Response:
 
 async def running(request: web.Request) -> web.Response:
     """`GET /api/ps`: the loaded models, with when they will be unloaded."""
-    manager = request.app[MANAGER]
-    lifecycle = request.app.get(LIFECYCLE)
-    expiry = {r["id"]: r["expires_in_s"] for r in lifecycle.describe()} if lifecycle is not None else {}
+    registry = request.app[REGISTRY]
+    expiry = {r["id"]: r["expires_in_s"] for r in registry.describe()}
     out = []
     for model in loaded_models(request):
         assert model.info is not None
@@ -143,7 +141,7 @@ async def running(request: web.Request) -> web.Response:
         entry["expires_at"] = _in_seconds(expires_in) if isinstance(expires_in, int | float) else NEVER_EXPIRES
         entry["size_vram"] = entry["size"] if model.info.device.upper() != "CPU" else 0
         entry["context_length"] = (
-            manager.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train
+            registry.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train
         )
         out.append(entry)
     return web.json_response({"models": out})
@@ -171,7 +169,7 @@ async def show(request: web.Request) -> web.Response:
     body = await parse_body(request, ShowRequest)
     installed = await asyncio.to_thread(installed_models)
     model = find_model(request, body.model or body.name, installed)
-    manager = request.app[MANAGER]
+    registry = request.app[REGISTRY]
     template, parameters = "", ""
     model_info: dict[str, Any] = {}
     facts = details(model)
@@ -179,8 +177,8 @@ async def show(request: web.Request) -> web.Response:
         family = facts["family"]
         model_info = {"general.architecture": family, "general.parameter_count": model.info.num_params}
         if model.kind == GENERATE:
-            tokenizer = manager.engine.tokenizer(model.model_id)
-            context_length = manager.engine.capacity(model.model_id).n_ctx
+            tokenizer = registry.engine.tokenizer(model.model_id)
+            context_length = registry.engine.capacity(model.model_id).n_ctx
             template = _template(tokenizer)
             # Modelfile-style lines; Continue reads num_ctx and JSON-parses each stop.
             lines = [f"num_ctx {context_length}"]
@@ -223,12 +221,6 @@ def _template(tokenizer: Tokenizer) -> str:
 # ---- embeddings ----------------------------------------------------------------------
 
 
-class Embedder(Protocol):
-    def tokenize(self, text: str) -> tuple[int, ...]: ...
-
-    def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]: ...
-
-
 class EmbedRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1)
@@ -249,63 +241,49 @@ async def embed(request: web.Request) -> web.Response:
     """`POST /api/embed`: `{"embeddings": [[...], ...]}` (unit vectors)."""
     started = time.monotonic_ns()
     body = await parse_body(request, EmbedRequest)
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    vectors, num_tokens = await _embed(request, body.model, texts, truncate=body.truncate, dimensions=body.dimensions)
+    texts = (body.input,) if isinstance(body.input, str) else tuple(body.input)
+    result = await _embed(request, body.model, texts, truncate=body.truncate, dimensions=body.dimensions)
     return web.json_response(
         {
             "model": body.model,
-            "embeddings": [v.astype(np.float32).tolist() for v in vectors],
+            "embeddings": [v.astype(np.float32).tolist() for v in result.vectors],
             "total_duration": time.monotonic_ns() - started,
             "load_duration": 0,
-            "prompt_eval_count": num_tokens,
+            "prompt_eval_count": result.num_tokens,
         }
     )
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    """`POST /api/embeddings` (Ollama's older route): `{"embedding": [...]}`."""
+    """`POST /api/embeddings` (Ollama's older route): `{"embedding": [...]}`;
+    an empty prompt only loads the model."""
     body = await parse_body(request, LegacyEmbeddingsRequest)
-    if not body.prompt:
-        await oneshot_model(request, model_id_of(request, body.model), EMBEDDINGS)  # 404 for an unknown model
-        return web.json_response({"embedding": []})
-    vectors, _ = await _embed(request, body.model, [body.prompt], truncate=True, dimensions=None)
-    return web.json_response({"embedding": vectors[0].astype(np.float32).tolist()})
+    texts = (body.prompt,) if body.prompt else ()
+    result = await _embed(request, body.model, texts, truncate=True, refuse_chat_models=bool(texts))
+    vector = result.vectors[0].astype(np.float32).tolist() if result.vectors else []
+    return web.json_response({"embedding": vector})
 
 
 async def _embed(
-    request: web.Request, name: str, texts: list[str], *, truncate: bool, dimensions: int | None
-) -> tuple[list[np.ndarray], int]:
+    request: web.Request,
+    name: str,
+    texts: tuple[str, ...],
+    *,
+    truncate: bool,
+    dimensions: int | None = None,
+    refuse_chat_models: bool = True,
+) -> Embeddings:
+    """`serving.embeddings.embed` on the model an Ollama name means; a chat
+    model is a 400 that names the embeddings models loaded."""
     model_id = model_id_of(request, name)
-    manager = request.app[MANAGER]
-    if model_id in manager.loaded:
-        embedders = [m for m, o in manager.oneshot.items() if o.kind == EMBEDDINGS]
+    registry = request.app[REGISTRY]
+    if refuse_chat_models and model_id in registry.loaded:
+        embedders = [m for m, o in registry.oneshot.items() if o.kind == EMBEDDINGS]
         raise InvalidRequestError(
             f'"{name}" is a chat model and does not make embeddings here; use an embeddings model '
             f"(loaded: {', '.join(embedders) or 'none'})",
             param="model",
         )
-    model = await oneshot_model(request, model_id, EMBEDDINGS)  # loads it if needed
-    note_model(request, model_id)
-    n_embd = getattr(model.backend, "n_embd", None)
-    if dimensions is not None and dimensions != n_embd:
-        raise InvalidRequestError(f'"{name}" makes vectors of {n_embd} dimensions only', param="dimensions")
-    if not texts:
-        return [], 0
-    backend: Embedder = model.backend  # type: ignore[assignment]
-    limit = getattr(model.backend, "max_input_tokens", None) if truncate else None
-    items = await asyncio.to_thread(_token_lists, backend, texts, limit)
-    vectors = await model.batcher.submit(items, priority=parse_priority(None))
-    return list(vectors), sum(len(item) for item in items)
-
-
-def _token_lists(backend: Embedder, texts: list[str], limit: int | None) -> list[tuple[int, ...]]:
-    items = []
-    for i, text in enumerate(texts):
-        param = "input" if len(texts) == 1 else f"input[{i}]"
-        if not text:
-            raise InvalidRequestError(f"{param} is an empty string; send some text", param=param)
-        ids = backend.tokenize(text)
-        if limit and len(ids) > limit:
-            ids = (*ids[: limit - 1], ids[-1])  # keep the closing special token ([SEP], EOS)
-        items.append(backend.check(ids, param))
-    return items
+    return await serving_embed(
+        RequestModels(request), EmbeddingsRequest(model_id, texts, dimensions=dimensions, truncate=truncate)
+    )

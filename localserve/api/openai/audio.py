@@ -1,27 +1,24 @@
 """`POST /v1/audio/transcriptions` and `POST /v1/audio/translations`
-(multipart, as OpenAI's): decode, cut at pauses, batch the windows of every
-request together, answer as json, text, srt, vtt or verbose_json."""
+(multipart, as OpenAI's): read the form, call `serving.transcription`
+(decode, cut at pauses, batch the windows of every request together), and
+answer as json, text, srt, vtt or verbose_json."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 
+from localserve.api.hosting import RequestModels
 from localserve.api.multipart import malformed_multipart_is_400
-from localserve.api.oneshot import PREFIXES, oneshot_model, setup_oneshot
+from localserve.api.oneshot import PREFIXES
 from localserve.api.state import SETTINGS
-from localserve.backends.speech.common import TranscribeOptions, Transcript, decode_audio
-from localserve.backends.speech.faster_whisper import FasterWhisperBackend
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
-from localserve.models.oneshot import TRANSCRIPTION
+from localserve.serving.transcription import Task, Transcript, TranscriptionRequest, transcribe
 
-RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
-GRANULARITIES = ("segment", "word")
 MAX_FIELD_BYTES = 64 * 1024  # any form field but the file
 FORM_HELP = "Send the audio as multipart/form-data with a 'file' field and a 'model' field."
 LANGUAGE_NAMES = {
@@ -51,7 +48,6 @@ def register(app: web.Application) -> None:
     for prefix in PREFIXES:
         app.router.add_post(f"{prefix}/audio/transcriptions", transcriptions)
         app.router.add_post(f"{prefix}/audio/translations", translations)
-    setup_oneshot(app)
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -63,43 +59,38 @@ async def translations(request: web.Request) -> web.StreamResponse:
     return await _speech(request, task="translate")
 
 
-async def _speech(request: web.Request, *, task: str) -> web.StreamResponse:
+async def _speech(request: web.Request, *, task: Task) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     form = await read_form(request, max_file_bytes=settings.max_audio_bytes)
+    speech = speech_request(form, task)
+    transcript = await transcribe(RequestModels(request), speech, max_audio_seconds=settings.max_audio_seconds)
+    return render(transcript, speech.response_format, speech.granularities)
+
+
+def speech_request(form: SpeechForm, task: Task) -> TranscriptionRequest:
+    """The form as the serving layer's request; 400 for a missing part or a
+    field that is not of its type (the serving layer checks the values)."""
     model_id = form.text("model")
     if model_id is None:
         raise InvalidRequestError("Missing required parameter: 'model'.", param="model")
     if not form.has_file:
         raise InvalidRequestError("Missing required parameter: 'file' (the audio, as a multipart file).", param="file")
-    if not form.file:
-        name = f" {form.filename!r}" if form.filename else ""
-        raise InvalidRequestError(f"The audio file{name} is empty (0 bytes); send a recording.", param="file")
-    fmt = form.text("response_format", "json")
-    if fmt not in RESPONSE_FORMATS:
-        raise InvalidRequestError(
-            f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}; got {fmt!r}", param="response_format"
-        )
-    temperature = _number(form.text("temperature", "0"), "temperature", 0.0, 1.0)
-    granularities = _granularities(form.granularities, fmt)  # type: ignore[arg-type]
     try:
         priority = parse_priority(form.text("priority"))
     except ValueError as exc:
         raise InvalidRequestError(str(exc), param="priority") from None
-    model = await oneshot_model(request, model_id, TRANSCRIPTION)
-    backend: FasterWhisperBackend = model.backend  # type: ignore[assignment]
-    options = TranscribeOptions(
+    return TranscriptionRequest(
+        model=model_id,
+        audio=form.file,
         task=task,
-        language=form.text("language") if task == "transcribe" else None,
+        language=form.text("language"),
         prompt=form.text("prompt"),
-        temperature=temperature,
-        timestamps=fmt in ("srt", "vtt", "verbose_json"),
-        word_timestamps="word" in granularities,
+        temperature=_number(form.text("temperature", "0"), "temperature"),
+        timestamp_granularities=tuple(form.granularities),
+        response_format=form.text("response_format", "json") or "json",
+        priority=priority,
+        filename=form.filename,
     )
-    audio = await asyncio.to_thread(decode_audio, form.file, max_seconds=settings.max_audio_seconds)
-    plan = await asyncio.to_thread(backend.plan, audio, options)
-    results = await model.batcher.submit(plan.windows, priority=priority) if plan.windows else []
-    transcript = backend.assemble(plan, results, task)
-    return render(transcript, fmt, granularities)  # type: ignore[arg-type]
 
 
 async def read_form(request: web.Request, *, max_file_bytes: int) -> SpeechForm:
@@ -135,28 +126,11 @@ async def _read_part(part: BodyPartReader, form: SpeechForm, max_file_bytes: int
         form.fields[name] = data.decode("utf-8", errors="replace").strip()
 
 
-def _number(text: str | None, param: str, low: float, high: float) -> float:
+def _number(text: str | None, param: str) -> float:
     try:
-        value = float(text or 0)
+        return float(text or 0)
     except ValueError:
         raise InvalidRequestError(f"'{param}' must be a number; got {text!r}", param=param) from None
-    if not low <= value <= high:
-        raise InvalidRequestError(f"'{param}' must be between {low:g} and {high:g}; got {value:g}", param=param)
-    return value
-
-
-def _granularities(values: list[str], fmt: str) -> tuple[str, ...]:
-    for value in values:
-        if value not in GRANULARITIES:
-            raise InvalidRequestError(
-                f"'timestamp_granularities[]' must be 'segment' or 'word'; got {value!r}",
-                param="timestamp_granularities",
-            )
-    if values and fmt != "verbose_json":
-        raise InvalidRequestError(
-            "'timestamp_granularities[]' needs response_format 'verbose_json'.", param="timestamp_granularities"
-        )
-    return tuple(values) or ("segment",)
 
 
 # ---- response formats --------------------------------------------------------------------

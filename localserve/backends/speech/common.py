@@ -1,11 +1,14 @@
-"""What every speech-recognition backend shares: audio decoding (any format
-PyAV reads) and the plain types that cross from the API to the batcher's
-thread and back."""
+"""What every speech-recognition backend shares: the interface the serving
+layer uses (`SpeechBackend`), audio decoding (any format PyAV reads) and the
+plain types that cross from the serving layer to the batcher's thread and
+back."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -84,6 +87,29 @@ class SpeechPlan:
     duration_s: float
     language: str
     speech_chunks: list[dict[str, int]] = field(default_factory=list)  # VAD spans, in samples
+
+
+@runtime_checkable
+class SpeechBackend(Protocol):
+    """What a speech-recognition backend offers besides `OneShotBackend`
+    (`run` turns the windows of `plan` into outputs on the batcher's thread).
+
+    `plan` and `assemble` may be called from any thread, also while the
+    batcher's thread runs `run`: the serving layer calls `plan` in a worker
+    thread and `assemble` on the event loop. They share no mutable state with
+    `run` (faster-whisper's language detection calls CTranslate2, whose
+    models take concurrent calls)."""
+
+    def plan(self, audio: np.ndarray, options: TranscribeOptions) -> SpeechPlan:
+        """Cut `audio` (mono float32, 16 kHz) into windows at pauses, ready
+        for `run`, and settle the language; 400 for a language the model
+        does not know."""
+        ...
+
+    def assemble(self, plan: SpeechPlan, results: Sequence[Any], task: str) -> Transcript:
+        """One transcript from the outputs of `run` for `plan.windows` (in
+        their order), on the original audio's timeline."""
+        ...
 
 
 def decode_audio(data: bytes, *, max_seconds: float) -> np.ndarray:
