@@ -1,11 +1,13 @@
 """The serving layer: a request (chat, completion, text prompt, infill,
-embeddings) in, engine work and an answer out, with no HTTP in sight.
+embeddings, transcription) in, engine work and an answer out, with no HTTP
+in sight.
 
     types        the requests, deltas and results every caller shares
     models       how a call reaches its models (`ModelHost`, `LocalModels`)
     chat         conversations through the chat template, tools, JSON formats
     completions  plain prompts, fill-in-the-middle, Ollama-style text prompts
     embeddings   vectors through the model's micro-batcher
+    transcription  audio to a `Transcript` through the model's micro-batcher
     answer       an answer in flight: typed deltas (streaming) or whole results
     prompts, tools, tools_parse, sampling, fim, generation: the parts
 
