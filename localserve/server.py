@@ -23,11 +23,11 @@ from aiohttp import web
 
 from localserve.api.app import STARTUP_MODELS_REQUIRED, create_app
 from localserve.api.http_edge import ApiRunner
-from localserve.api.state import MANAGER, STATE
+from localserve.api.state import REGISTRY
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.errors import LocalServeError
-from localserve.models.registry import ModelManager, resolve
+from localserve.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,12 @@ def display_host(host: str) -> str:
 
 
 def build_app(settings: ServerSettings) -> web.Application:
-    """The application with a fresh engine and model manager."""
-    # Named models are checked now, so a typo fails at start-up with a clear
+    """The application with a fresh engine and model registry."""
+    registry = ModelRegistry(Engine(EngineConfig(max_queue=settings.max_queue)), settings)
+    # Named models are resolved now, so a typo fails at start-up with a clear
     # message instead of a server that never gets ready.
-    for name in settings.models:
-        resolve(name)
-    engine = Engine(EngineConfig(max_queue=settings.max_queue))
-    manager = ModelManager(engine, settings)
-    return create_app(settings, manager)
+    registry.resolve_startup()
+    return create_app(settings, registry)
 
 
 def serve(settings: ServerSettings) -> None:
@@ -90,12 +88,12 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
 async def _until_stopped(app: web.Application, stop: asyncio.Event) -> str | None:
     """Wait for a signal, or for a start-up model that fails to load; that
     failure, as one line, or None."""
-    state = app[STATE]
+    registry = app[REGISTRY]
     waiter = asyncio.create_task(stop.wait())
-    if state.loader is not None:
-        await asyncio.wait({waiter, state.loader}, return_when=asyncio.FIRST_COMPLETED)
-    if state.load_errors:
-        name, reason = next(iter(state.load_errors.items()))
+    if registry.startup is not None:
+        await asyncio.wait({waiter, registry.startup}, return_when=asyncio.FIRST_COMPLETED)
+    if registry.load_errors:
+        name, reason = next(iter(registry.load_errors.items()))
         waiter.cancel()
         return f"could not load model {name}: {reason}"
     await waiter
@@ -126,7 +124,7 @@ class _SignalHandler:
             log.info("%s: shutting down; requests in flight get up to the shutdown timeout", sig.name)
             self.stop.set()
             return
-        engine = self.app[MANAGER].engine
+        engine = self.app[REGISTRY].engine
         task = self.loop.create_task(engine.drain(0))  # the drain's own end, now: error events, 503s
         self.tasks.add(task)
         task.add_done_callback(lambda done: self._ended(done, sig))

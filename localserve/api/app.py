@@ -19,7 +19,6 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from localserve.api.admin import debug, metrics, openapi
 from localserve.api.admin import models as models_admin
 from localserve.api.admin.stats import register_stats_routes
 from localserve.api.anthropic import messages
+from localserve.api.hosting import RequestModels
 from localserve.api.llamacpp import infill
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
 from localserve.api.ollama import routes as ollama
@@ -39,12 +39,13 @@ from localserve.api.openai.chat import chat_completions
 from localserve.api.openai.completions import completions
 from localserve.api.openai.schemas import MAX_CHOICES, MAX_PROMPTS
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
-from localserve.api.state import MANAGER, SETTINGS, STATE, ApiState, engine_of, require_model
+from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
-from localserve.errors import LocalServeError, NotFoundError
+from localserve.errors import NotFoundError
 from localserve.models.policy import CHAT
-from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, resolve
+from localserve.models.registry import LoadedModel, LoadedOneShot, ModelRegistry
 from localserve.serving.generation import request_ids
+from localserve.serving.models import hold_chat_model
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,10 @@ API_PREFIXES = ("/v1", "/api/v1")
 STARTUP_MODELS_REQUIRED = web.AppKey("startup_models_required", bool)
 
 
-def create_app(settings: ServerSettings, manager: ModelManager) -> web.Application:
-    """The API server for `manager`'s engine; loads `settings.models` in the
-    background once the server runs, and closes the engine on shutdown."""
+def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Application:
+    """The API server for `registry`'s models and engine; the registry loads
+    `settings.models` in the background once the server runs, and closes the
+    models and the engine on shutdown."""
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[
@@ -72,7 +74,7 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
         ],
     )
     app[SETTINGS] = settings
-    app[MANAGER] = manager
+    app[REGISTRY] = registry
     app[STATE] = ApiState()
     app.on_response_prepare.append(cors_response_headers(settings))
     app.cleanup_ctx.append(_models_lifecycle)
@@ -103,15 +105,10 @@ def create_app(settings: ServerSettings, manager: ModelManager) -> web.Applicati
 
 
 async def _models_lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
     # In the background, so the server answers (/health: loading) at once.
-    state.loader = asyncio.create_task(_load_models(app), name="localserve-load-models")
+    app[REGISTRY].start(stop_on_error=app.get(STARTUP_MODELS_REQUIRED, False))
     yield
-    if not state.loader.done():
-        state.loader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await state.loader
-    await app[MANAGER].engine.close()
+    await app[REGISTRY].close()
 
 
 async def _drain(app: web.Application) -> None:
@@ -125,30 +122,11 @@ async def _drain(app: web.Application) -> None:
     runner = app[JOBS].runner
     if runner is not None:
         await runner.stop()
-    num_ended = await app[MANAGER].engine.drain(app[SETTINGS].shutdown_timeout_s)
+    num_ended = await app[REGISTRY].engine.drain(app[SETTINGS].shutdown_timeout_s)
     if num_ended:
         log.warning(
             "shutdown: ended %d requests still running after %.0f s", num_ended, app[SETTINGS].shutdown_timeout_s
         )
-
-
-async def _load_models(app: web.Application) -> None:
-    manager, state = app[MANAGER], app[STATE]
-    required = app.get(STARTUP_MODELS_REQUIRED, False)
-    for name in app[SETTINGS].models:
-        try:
-            loaded = await manager.load(resolve(name))
-        except LocalServeError as exc:
-            state.load_errors[name] = exc.message
-        except Exception as exc:  # a bug or a native failure: one line here, the traceback at debug level
-            state.load_errors[name] = f"{type(exc).__name__}: {exc}"
-            log.debug("loading %s failed", name, exc_info=True)
-        else:
-            log.info("model %s ready (%s, %.1f s)", loaded.spec.model_id, loaded.spec.path, loaded.load_seconds)
-            continue
-        if required:
-            return  # `serve` reports it and exits; the other models need not load
-        log.error("could not load model %s: %s", name, state.load_errors[name])
 
 
 # ---- handlers ----------------------------------------------------------------------
@@ -156,11 +134,11 @@ async def _load_models(app: web.Application) -> None:
 
 async def health(request: web.Request) -> web.Response:
     """Liveness and readiness (no API key needed)."""
-    state = request.app[STATE]
-    if state.loading:
+    registry = request.app[REGISTRY]
+    if registry.starting:
         return web.json_response({"status": "loading"}, status=503)
-    if state.load_errors:
-        return web.json_response({"status": "error", "errors": state.load_errors}, status=503)
+    if registry.load_errors:
+        return web.json_response({"status": "error", "errors": registry.load_errors}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -211,9 +189,9 @@ async def list_models(request: web.Request) -> web.Response:
     """`GET /v1/models`: the loaded models, generative and one-shot (embeddings,
     speech); with `?all=true` also every model here that a request would load
     (`meta.loaded` false, `meta.source` where it was found)."""
-    manager = request.app[MANAGER]
-    data = [_model_object(model_id, loaded, request) for model_id, loaded in list(manager.loaded.items())]
-    data += [_oneshot_object(model_id, loaded) for model_id, loaded in list(manager.oneshot.items())]
+    registry = request.app[REGISTRY]
+    data = [_model_object(model_id, loaded, request) for model_id, loaded in registry.loaded.items()]
+    data += [_oneshot_object(model_id, loaded) for model_id, loaded in registry.oneshot.items()]
     for item in data:
         item["meta"]["loaded"] = True
     if request.query.get("all", "").strip().lower() in ("1", "true", "yes"):
@@ -248,11 +226,12 @@ def _servable_object(row: dict[str, Any]) -> dict[str, Any]:
 
 async def get_model(request: web.Request) -> web.Response:
     """`GET /v1/models/{id}`: one loaded model, or 404."""
-    oneshot = request.app[MANAGER].oneshot.get(request.match_info["model_id"])
+    registry = request.app[REGISTRY]
+    oneshot = registry.oneshot.get(request.match_info["model_id"])
     if oneshot is not None:
         return web.json_response(_oneshot_object(request.match_info["model_id"], oneshot))
-    model_id = await require_model(request, request.match_info["model_id"], load=False)
-    return web.json_response(_model_object(model_id, request.app[MANAGER].loaded[model_id], request))
+    model_id = await hold_chat_model(RequestModels(request), request.match_info["model_id"], load=False)
+    return web.json_response(_model_object(model_id, registry.get(model_id), request))
 
 
 async def cancel_request(request: web.Request) -> web.Response:

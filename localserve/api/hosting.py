@@ -8,11 +8,11 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.admin.metrics import note_model
-from localserve.api.leases import LIFECYCLE, use_model
-from localserve.api.state import MANAGER, STATE
+from localserve.api.leases import use_model
+from localserve.api.state import REGISTRY, STATE
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelRegistry
 from localserve.serving.models import LocalModels
 
 
@@ -27,14 +27,11 @@ class RequestModels:
         self.keep_alive = keep_alive
 
     @property
-    def manager(self) -> ModelManager:
-        return self.request.app[MANAGER]
+    def registry(self) -> ModelRegistry:
+        return self.request.app[REGISTRY]
 
     async def hold(self, model_id: str, kind: str) -> str:
         return await use_model(self.request, model_id, kind=kind, keep_alive=self.keep_alive)
-
-    def loading(self) -> bool:
-        return self.request.app[STATE].loading
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
         return self.request.app[STATE].chat_template(model_id, tokenizer)
@@ -45,8 +42,5 @@ class RequestModels:
 
 def app_models(app: web.Application) -> LocalModels:
     """The app's models for work that is not an HTTP request (batch lines):
-    the same lifecycle, start-up state and chat templates."""
-    state = app[STATE]
-    return LocalModels(
-        app[MANAGER], lifecycle=app.get(LIFECYCLE), loading=lambda: state.loading, templates=state.templates
-    )
+    the same registry and chat templates."""
+    return LocalModels(app[REGISTRY], templates=app[STATE].templates)

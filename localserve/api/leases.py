@@ -22,12 +22,12 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.state import REGISTRY
 from localserve.errors import LocalServeError
-from localserve.models.lifecycle import Lease, ModelLifecycle
+from localserve.models.registry import Lease
 
 log = logging.getLogger(__name__)
 
-LIFECYCLE = web.AppKey("model_lifecycle", ModelLifecycle)
 _LEASES = "localserve.model_leases"  # request key: the leases this request holds
 
 
@@ -38,22 +38,17 @@ async def release_leases_middleware(request: web.Request, handler: Any) -> web.S
         return await handler(request)  # type: ignore[no-any-return]
     finally:
         leases: list[Lease] = request.pop(_LEASES, [])
-        if leases:
-            lifecycle = request.app[LIFECYCLE]
-            for lease in leases:
-                lifecycle.release(lease)
+        for lease in leases:
+            request.app[REGISTRY].release(lease)
 
 
 async def use_model(request: web.Request, model_id: str, *, kind: str | None, keep_alive: Any = None) -> str:
-    """Load `model_id` if needed and hold it for this request (no-op in an
-    app without a lifecycle); the id it is served under (`llama3.2` is
-    `llama3.2:latest`). 400 bad id or kind, 404 unknown, 503 no room."""
-    lifecycle = request.app.get(LIFECYCLE)
-    if lifecycle is None:
-        return model_id
+    """Load `model_id` if needed and hold it for this request; the id it is
+    served under (`llama3.2` is `llama3.2:latest`). 400 bad id or kind, 404
+    unknown, 503 no room."""
     if keep_alive is None:
         keep_alive = await body_keep_alive(request)
-    lease = await lifecycle.acquire(model_id, kind=kind, keep_alive=keep_alive)
+    lease = await request.app[REGISTRY].acquire(model_id, kind=kind, keep_alive=keep_alive)
     request.setdefault(_LEASES, []).append(lease)
     return lease.model_id
 
@@ -76,18 +71,18 @@ async def body_keep_alive(request: web.Request) -> Any:
 async def model_lease(app: web.Application, model_id: str | None) -> AsyncIterator[Lease | None]:
     """Hold `model_id` loaded (loading it if needed) until the block ends.
 
-    Yields None, holding nothing, in an app without a lifecycle, without a
-    model id, or when the model cannot be held now (unknown, wrong, no room):
-    the work's own requests then meet that error, each with its envelope."""
-    lifecycle = app.get(LIFECYCLE)
+    Yields None, holding nothing, without a model id, or when the model
+    cannot be held now (unknown, wrong, no room): the work's own requests
+    then meet that error, each with its envelope."""
+    registry = app[REGISTRY]
     lease = None
-    if lifecycle is not None and model_id:
+    if model_id:
         try:
-            lease = await lifecycle.acquire(model_id)
+            lease = await registry.acquire(model_id)
         except LocalServeError as exc:
             log.info("not holding model %r: %s", model_id, exc.message)
     try:
         yield lease
     finally:
-        if lifecycle is not None and lease is not None:
-            lifecycle.release(lease)
+        if lease is not None:
+            registry.release(lease)

@@ -106,7 +106,7 @@ def resolve_chat_model(text: str) -> Any:
 async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSettings) -> int:
     from localserve.engine.engine import Engine
     from localserve.engine.types import SamplingParams
-    from localserve.models.registry import ModelManager
+    from localserve.models.registry import ModelRegistry
     from localserve.serving.completions import start_text
     from localserve.serving.models import LocalModels
     from localserve.serving.types import Options, TextRequest
@@ -118,9 +118,9 @@ async def _generate(args: argparse.Namespace, prompt: str, settings: ServerSetti
         spec.model_id, prompt, Options(sampling=sampling, max_tokens=args.max_tokens), system=args.system, raw=args.raw
     )
     try:
-        manager = ModelManager(engine, settings)
-        loaded = await manager.load(spec)
-        async with LocalModels(manager).call() as host:
+        registry = ModelRegistry(engine, settings)
+        loaded = await registry.load(spec)
+        async with LocalModels(registry).call() as host:
             answer = await start_text(host, request, answer_id=engine.new_request_id("run"))
             stats = await _stream_to_stdout(answer)
     finally:

@@ -1,6 +1,6 @@
 """One-shot models (embeddings, speech recognition): what a path holds, and
-how to open its backend and batcher. `ModelManager` calls `open_oneshot`
-off the event loop."""
+how to open its backend and batcher. The built-in backends
+(models/builtin_backends.py) call `open_oneshot` off the event loop."""
 
 from __future__ import annotations
 

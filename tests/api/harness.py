@@ -20,20 +20,20 @@ from localserve.api.app import create_app
 from localserve.api.http_edge import ApiRunner
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelRegistry
 
 MODEL_ID = "smollm2-135m-instruct"
 API_KEY = "test-key-1234"
 
-ManagerFactory = Callable[[Engine, ServerSettings], ModelManager]
+RegistryFactory = Callable[[Engine, ServerSettings], ModelRegistry]
 
 
 class ServerThread:
     """`create_app` served by an `AppRunner` on its own loop thread."""
 
-    def __init__(self, settings: ServerSettings, manager_factory: ManagerFactory = ModelManager) -> None:
+    def __init__(self, settings: ServerSettings, registry_factory: RegistryFactory = ModelRegistry) -> None:
         self.settings = settings
-        self._manager_factory = manager_factory
+        self._registry_factory = registry_factory
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.loop = asyncio.new_event_loop()
@@ -64,8 +64,8 @@ class ServerThread:
 
     async def _start(self) -> None:
         self.engine = Engine(EngineConfig(max_queue=self.settings.max_queue))
-        self.manager = self._manager_factory(self.engine, self.settings)
-        self.app = create_app(self.settings, self.manager)
+        self.registry = self._registry_factory(self.engine, self.settings)
+        self.app = create_app(self.settings, self.registry)
         self.runner = ApiRunner(self.app, handler_cancellation=True)  # as `localserve serve` runs it
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.settings.host, 0)

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from localserve.api.leases import LIFECYCLE
 from localserve.api.openai.batch_service import JOBS
+from localserve.api.state import REGISTRY
 from tests.api.harness import MODEL_ID, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -75,9 +75,8 @@ def test_round_trip_every_custom_id_once(client: openai.OpenAI, http: httpx.Clie
         assert body["object"] == "chat.completion" and body["model"] == MODEL_ID
         assert body["choices"][0]["message"]["content"] and 1 <= body["usage"]["completion_tokens"] <= 8
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
-    lifecycle = server.app.get(LIFECYCLE)
-    if lifecycle is not None:  # every line gave back its hold on the model
-        assert server.call(lambda: lifecycle.records[MODEL_ID].num_users) == 0
+    registry = server.app[REGISTRY]  # every line gave back its hold on the model
+    assert server.call(lambda: registry.records[MODEL_ID].num_users) == 0
     stats = http.get("/api/v1/stats").json()["batches"]
     assert {"id": batch.id, "status": "completed", "endpoint": "/v1/chat/completions", "model": MODEL_ID,
             "request_counts": {"total": 24, "completed": 24, "failed": 0}, "created_at": batch.created_at} in stats  # fmt: skip

@@ -135,7 +135,7 @@ async def test_concurrent_requests_share_batches(server: ServerThread) -> None:
     texts = sentences(32)
     results = await asyncio.gather(*(aclient.embeddings.create(model=MODEL, input=t) for t in texts))
     assert all(len(r.data) == 1 for r in results)
-    stats = server.call(lambda: server.manager.oneshot_stats())[MODEL]
+    stats = server.call(lambda: server.registry.oneshot_stats())[MODEL]
     assert stats["kind"] == "embeddings" and stats["max_batch_size_seen"] > 1 and stats["errors"] == 0
     snapshot = httpx.get(f"{server.base_url}/api/v1/stats", timeout=30).json()
     assert snapshot["one_shot"][MODEL]["max_batch_size_seen"] > 1
@@ -189,7 +189,7 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
         onnx_client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
         texts = sentences(12)
         from_onnx = vectors(onnx_client.embeddings.create(model="minilm-onnx", input=texts))
-        stats = srv.call(lambda: srv.manager.oneshot_stats())["minilm-onnx"]
+        stats = srv.call(lambda: srv.registry.oneshot_stats())["minilm-onnx"]
         assert stats["padding_free"] is False and stats["items"] == 12
     finally:
         srv.stop()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -12,30 +11,32 @@ import httpx
 import openai
 import pytest
 
-from localserve.models.registry import LoadedModel, ModelManager, ModelSpec
+from localserve.backends.base import GenerativeBackend
+from localserve.models.plan import LoadReport
+from localserve.models.registry import ModelRegistry, ModelSpec
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings, open_raw_stream, read_until
 
 pytestmark = pytest.mark.slow
 
 
-class GatedManager(ModelManager):
-    """Loads only once the test opens the gate: start-up held at "loading"."""
+class GatedRegistry(ModelRegistry):
+    """Opens models only once the test opens the gate: start-up held at "loading"."""
 
     gate = threading.Event()
 
-    async def load(self, spec: ModelSpec) -> LoadedModel:
-        await asyncio.to_thread(self.gate.wait, 60)
-        return await super().load(spec)
+    def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
+        self.gate.wait(60)
+        return super().open_model(spec)
 
 
 @pytest.fixture
 def gated_server() -> Iterator[ServerThread]:
-    GatedManager.gate.clear()
-    srv = ServerThread(make_settings(parallel=2, ctx_size=512, kv_size=1024), GatedManager).start()
+    GatedRegistry.gate.clear()
+    srv = ServerThread(make_settings(parallel=2, ctx_size=512, kv_size=1024), GatedRegistry).start()
     try:
         yield srv
     finally:
-        GatedManager.gate.set()
+        GatedRegistry.gate.set()
         srv.stop()
 
 
@@ -49,7 +50,7 @@ def test_health_loading_then_ok(gated_server: ServerThread) -> None:
     )
     assert early.status_code == 503
     assert early.json()["error"]["code"] == "model_loading"
-    GatedManager.gate.set()
+    GatedRegistry.gate.set()
     gated_server.wait_healthy(timeout=60)
     assert httpx.get(f"{gated_server.base_url}/health").json() == {"status": "ok"}
 

@@ -27,8 +27,8 @@ class StubEngine:
 
 
 def executor(engine: StubEngine, concurrency: int = 0) -> ServingLineExecutor:
-    manager = SimpleNamespace(engine=engine)
-    return ServingLineExecutor(LocalModels(manager), concurrency)  # type: ignore[arg-type]
+    registry = SimpleNamespace(engine=engine)
+    return ServingLineExecutor(LocalModels(registry), concurrency)  # type: ignore[arg-type]
 
 
 def test_batch_lines_are_never_more_urgent_than_batch() -> None:

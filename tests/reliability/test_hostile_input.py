@@ -314,7 +314,7 @@ def test_an_empty_audio_file_is_named_as_empty(fuzz_server: ServerThread) -> Non
 
 
 def test_dimensions_on_a_model_not_trained_for_it_names_the_ones_that_are(fuzz_server: ServerThread) -> None:
-    if EMBEDDING_MODEL not in fuzz_server.manager.oneshot:
+    if EMBEDDING_MODEL not in fuzz_server.registry.oneshot:
         pytest.skip(f"{EMBEDDING_MODEL} is not installed")
     with httpx.Client(base_url=fuzz_server.base_url, headers=HEADERS, timeout=60) as http:
         refused = http.post("/v1/embeddings", json={"model": EMBEDDING_MODEL, "input": "Hi", "dimensions": 128})

@@ -170,7 +170,7 @@ def bounded_document(doc: dict[str, Any], *, chat: str, embeddings: str | None, 
 def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(fuzz_server: ServerThread, tmp_path: Path) -> None:
     # A test dependency (the `test` extra): missing, it fails here rather than skip.
     assert importlib.util.find_spec("schemathesis"), "schemathesis is missing: pip install -e '.[test]'"
-    models = set(fuzz_server.manager.loaded) | set(fuzz_server.manager.oneshot)
+    models = set(fuzz_server.registry.loaded) | set(fuzz_server.registry.oneshot)
     doc = bounded_document(
         build_document(fuzz_server.app),
         chat=MODEL_ID,

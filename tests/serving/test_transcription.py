@@ -16,7 +16,7 @@ from localserve.config import ServerSettings
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, LocalServeError, ModelNotFoundError
 from localserve.models.oneshot import TRANSCRIPTION
-from localserve.models.registry import ModelManager, resolve
+from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels
 from localserve.serving.transcription import Transcript, TranscriptionRequest, check, transcribe
 from tests.fixtures.speech import SENTENCE, have_espeak, speak, with_silence, word_error_rate
@@ -34,13 +34,12 @@ def needs_speech(test: Callable[..., Any]) -> Callable[..., Any]:
 @pytest.fixture(scope="module")
 async def models() -> AsyncIterator[LocalModels]:
     """Whisper tiny.en loaded once for the module (a second or so), as `batch run` loads a model."""
-    manager = ModelManager(Engine(), ServerSettings(threads=2))
-    await manager.load(resolve(MODEL))
+    registry = ModelRegistry(Engine(), ServerSettings(threads=2))
+    await registry.load(resolve(MODEL))
     try:
-        yield LocalModels(manager)
+        yield LocalModels(registry)
     finally:
-        await manager.close_oneshot()
-        await manager.engine.close()
+        await registry.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_options_follow_the_response_format_and_task() -> None:
 
 @needs_speech
 async def test_speech_transcribes_through_the_batcher(models: LocalModels, wav: Path) -> None:
-    loaded = models.manager.get_oneshot(MODEL, TRANSCRIPTION)
+    loaded = models.registry.get_oneshot(MODEL, TRANSCRIPTION)
     assert isinstance(loaded.backend, SpeechBackend)  # the declared interface, no cast
     before = loaded.batcher.stats()["requests"]
     transcript = await run(models, audio=wav.read_bytes())

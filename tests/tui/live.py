@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from localserve.api.app import create_app
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelRegistry
 
 MODEL_ID = "smollm2-135m-instruct"
 
@@ -85,7 +85,7 @@ class LiveServer:
 
     async def _serve(self) -> web.AppRunner:
         engine = Engine(EngineConfig(max_queue=self.settings.max_queue))
-        app = create_app(self.settings, ModelManager(engine, self.settings))
+        app = create_app(self.settings, ModelRegistry(engine, self.settings))
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.settings.port).start()
@@ -116,7 +116,7 @@ class LiveServer:
 def empty_app(**settings: Any) -> web.Application:
     """The real app with no model (nothing to load): for fast route tests."""
     config = ServerSettings(models=[], **settings)
-    return create_app(config, ModelManager(Engine(), config))
+    return create_app(config, ModelRegistry(Engine(), config))
 
 
 def serve(app: web.Application) -> TestClient:

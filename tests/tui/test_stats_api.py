@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +14,10 @@ import httpx
 import pytest
 
 from localserve.api.admin.stats import add_one_shot_provider, set_batches_provider
-from localserve.api.state import MANAGER
+from localserve.api.state import REGISTRY
+from localserve.models.policy import FOREVER
+from localserve.models.registry import LoadedOneShot, ModelRecord, ModelSpec
+from localserve.models.registry.records import LOADED
 from tests.tui.live import MODEL_ID, LiveServer, empty_app, make_settings, serve
 
 SNAPSHOT_KEYS = {
@@ -128,12 +132,12 @@ async def test_hooks_add_batches_and_one_shot_stats() -> None:
     assert body["one_shot"] == {"embeddings": {"queued": 2, "padding_ratio": 0.1}, "broken": {}}
 
 
-async def test_one_shot_models_of_the_manager_are_listed() -> None:
+async def test_one_shot_models_of_the_registry_are_listed() -> None:
     app = empty_app()
     batcher = SimpleNamespace(stats=lambda *_: {"queue_items": 3, "mean_batch_size": 8.0}, close=lambda: None)
-    spec = SimpleNamespace(model_id="minilm", labels=("embeddings",))
-    model = SimpleNamespace(kind="embeddings", spec=spec, batcher=batcher, backend=SimpleNamespace(close=lambda: None))
-    app[MANAGER].oneshot["minilm"] = model  # type: ignore[assignment]
+    spec = ModelSpec("minilm", Path("/models/minilm"), ("embeddings",))
+    model = LoadedOneShot(spec, "embeddings", SimpleNamespace(close=lambda: None), batcher)  # type: ignore[arg-type]
+    app[REGISTRY].records["minilm"] = ModelRecord(spec, "embeddings", FOREVER, LOADED, model=model)
     async with serve(app) as client:
         body = await (await client.get("/api/v1/stats")).json()
     assert body["one_shot"] == {

@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.state import engine_of, require_model
+from localserve.api.state import engine_of
 from localserve.engine.types import StepBatch
+from localserve.serving.models import hold_chat_model
 
 ENABLE_ENV = "LOCALSERVE_ENABLE_FAULTS"
 FAULT_PATH = "/api/v1/debug/fault"
@@ -68,6 +70,6 @@ def register(app: web.Application, environ: Mapping[str, str] = os.environ) -> N
 async def inject_fault(request: web.Request) -> web.Response:
     """Arm a fault for the next `steps` steps of `model`."""
     body = await parse_body(request, FaultRequest)
-    model_id = await require_model(request, body.model)
+    model_id = await hold_chat_model(RequestModels(request), body.model)
     engine_of(request).set_fault_hook(model_id, StepFault(body.steps))
     return web.json_response({"object": "debug.fault", "model": model_id, "steps": body.steps})

@@ -1,7 +1,7 @@
 """`GET /metrics`: Prometheus text exposition (prometheus-client), one
 registry per app.
 
-Read at scrape time from `Engine.stats()` and the model manager (nothing
+Read at scrape time from `Engine.stats()` and the model registry (nothing
 is copied on the hot path):
 
 * `localserve_prompt_tokens_total`, `localserve_generation_tokens_total`,
@@ -40,10 +40,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from localserve.api.state import MANAGER
+from localserve.api.state import REGISTRY
 from localserve.engine.stats import Histogram
 from localserve.engine.types import PRIORITY_ALIASES
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelRegistry
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -60,7 +60,7 @@ LATENCY_METRICS = {
 class Metrics:
     """The app's registry, its event metrics, and the scrape-time collector."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, models: ModelRegistry) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "localserve_requests",
@@ -68,7 +68,7 @@ class Metrics:
             ["model", "endpoint", "status"],
             registry=self.registry,
         )
-        self.registry.register(ServerCollector(manager))
+        self.registry.register(ServerCollector(models))
 
 
 METRICS = web.AppKey("metrics", Metrics)
@@ -77,7 +77,7 @@ METRICS = web.AppKey("metrics", Metrics)
 def register(app: web.Application) -> None:
     """Add `/metrics` and the app's registry (`metrics_middleware` must be in
     the app's middlewares to count requests)."""
-    app[METRICS] = Metrics(app[MANAGER])
+    app[METRICS] = Metrics(app[REGISTRY])
     app.router.add_get("/metrics", scrape)
 
 
@@ -122,14 +122,14 @@ def _endpoint(request: web.Request) -> str:
 class ServerCollector(Collector):
     """Engine and one-shot batcher figures, read at each scrape."""
 
-    def __init__(self, manager: ModelManager) -> None:
-        self.manager = manager
+    def __init__(self, models: ModelRegistry) -> None:
+        self.models = models
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._generative(self.manager.engine.stats())
-        yield from self._latencies(self.manager.engine.latency_histograms())
+        yield from self._generative(self.models.engine.stats())
+        yield from self._latencies(self.models.engine.latency_histograms())
         yield from self._load_times()
-        yield from self._oneshot(self.manager.oneshot_stats())
+        yield from self._oneshot(self.models.oneshot_stats())
 
     def _generative(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         m = ["model"]
@@ -184,9 +184,9 @@ class ServerCollector(Collector):
         family = GaugeMetricFamily(
             "localserve_model_load_seconds", "How long loading the model took", labels=["model", "kind"]
         )
-        for model_id, loaded in list(self.manager.loaded.items()):
+        for model_id, loaded in list(self.models.loaded.items()):
             family.add_metric([model_id, "generative"], loaded.load_seconds)
-        for model_id, oneshot in list(self.manager.oneshot.items()):
+        for model_id, oneshot in list(self.models.oneshot.items()):
             family.add_metric([model_id, oneshot.kind], oneshot.load_seconds)
         yield family
 

@@ -18,6 +18,8 @@
 * Ollama's `/api/pull`, `/api/delete` and `/api/copy` (`api.ollama.admin`).
 * `POST /api/v1/unload` lives in `api.admin.stats`.
 
+Every route asks the app's `ModelRegistry` (models/registry/).
+
 A pull runs in a thread; a client that disconnects stops it, and the next
 pull of that model resumes where it stopped. Two pulls of one model run one
 after the other (the second finds it done).
@@ -28,18 +30,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve.api.admin.pulls import PULLS, Line, delete_files, stream_pull
-from localserve.api.leases import LIFECYCLE, release_leases_middleware
+from localserve.api.leases import release_leases_middleware
 from localserve.api.middleware import parse_body
-from localserve.api.state import MANAGER, SETTINGS, STATE
-from localserve.errors import LocalServeError, ModelLoadingError
+from localserve.api.state import REGISTRY
+from localserve.errors import LocalServeError
 from localserve.models.catalog import ModelOptions
-from localserve.models.lifecycle import ModelLifecycle
 from localserve.models.names import validate_model_id
 from localserve.models.policy import format_keep_alive
 from localserve.models.pull.hub import PullProgress, PullResult, plan_pull
@@ -62,13 +62,11 @@ class LoadRequest(BaseModel):
 
 
 def register(app: web.Application) -> None:
-    """Routes, the lifecycle (on-demand loads, LRU, keep_alive) and its reaper."""
+    """Routes, and the middleware that gives back the models each request held."""
     from localserve.api.ollama import admin as ollama_admin
 
-    app[LIFECYCLE] = ModelLifecycle(app[MANAGER], app[SETTINGS])
     app[PULLS] = {}
     app.middlewares.append(release_leases_middleware)  # innermost: runs when the handler is done
-    app.cleanup_ctx.append(_reaper)
     app.router.add_post("/api/v1/pull", pull_model)
     app.router.add_post("/api/v1/load", load_model)
     app.router.add_get("/api/v1/loaded", loaded_models)
@@ -76,12 +74,6 @@ def register(app: web.Application) -> None:
         # Any characters ('/' and newlines too): every bad id reaches the handler and its 400, not the router's 404.
         app.router.add_delete(prefix + r"/models/{model_id:[\s\S]+}", delete_model)
     ollama_admin.register(app)
-
-
-async def _reaper(app: web.Application) -> AsyncIterator[None]:
-    app[LIFECYCLE].start()
-    yield
-    await app[LIFECYCLE].stop()
 
 
 # ---- pull ----------------------------------------------------------------------------
@@ -116,12 +108,10 @@ def error_line(exc: LocalServeError) -> Line:
 async def load_model(request: web.Request) -> web.Response:
     """`POST /api/v1/load`: load a known model now (waits for the load)."""
     body = await parse_body(request, LoadRequest)
-    validate_model_id(body.model)
-    if body.model not in request.app[MANAGER].loaded and request.app[STATE].loading:
-        raise ModelLoadingError("start-up models are still loading; retry in a moment")
-    lifecycle = request.app[LIFECYCLE]
-    lease = await lifecycle.acquire(body.model, keep_alive=body.keep_alive, options=body.options)
-    lifecycle.release(lease)
+    registry = request.app[REGISTRY]
+    registry.check_ready(body.model)
+    lease = await registry.acquire(body.model, keep_alive=body.keep_alive, options=body.options)
+    registry.release(lease)
     record = lease.record
     return web.json_response(
         {
@@ -129,14 +119,14 @@ async def load_model(request: web.Request) -> web.Response:
             "model": body.model,
             "kind": record.kind,
             "keep_alive": format_keep_alive(record.keep_alive_s),
-            "options": request.app[MANAGER].load_report(body.model),
+            "options": registry.load_report(lease.model_id),
         }
     )
 
 
 async def loaded_models(request: web.Request) -> web.Response:
     """`GET /api/v1/loaded`: what the server holds, and until when."""
-    return web.json_response({"object": "list", "data": request.app[LIFECYCLE].describe()})
+    return web.json_response({"object": "list", "data": request.app[REGISTRY].describe()})
 
 
 async def delete_model(request: web.Request) -> web.Response:

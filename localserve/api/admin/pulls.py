@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.leases import LIFECYCLE
+from localserve.api.state import REGISTRY
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.models.pull.hub import PullCancelled, PullPlan, PullProgress, PullResult, pull
 
@@ -100,10 +100,9 @@ async def delete_files(app: web.Application, model_id: str) -> int:
         raise InvalidRequestError(f"model {model_id!r} is being pulled; delete it once the pull ends", param="model")
     found = await asyncio.to_thread(find, model_id)
     served_as = found.name if found is not None else model_id
-    lifecycle = app[LIFECYCLE]
-    lifecycle.sync()
-    if served_as in lifecycle.records and found is not None and found.source == "huggingface":
-        await lifecycle.unload(served_as)
+    registry = app[REGISTRY]
+    if served_as in registry.records and found is not None and found.source == "huggingface":
+        await registry.unload(served_as)
     freed = await asyncio.to_thread(remove, model_id)
-    lifecycle.forget(served_as)
+    registry.forget(served_as)
     return freed

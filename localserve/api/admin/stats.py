@@ -43,7 +43,7 @@ at any time after; the hooks object is mutable):
   (the Batch API's job list); until then `batches` is `[]`.
 * `add_one_shot_provider(app, name, fn)` - `fn()` returns a one-shot
   batcher's `stats()` dict, shown under `one_shot[name]`. The one-shot
-  models in the `ModelManager` (embeddings, ASR) are listed without a hook.
+  models in the `ModelRegistry` (embeddings, ASR) are listed without a hook.
 """
 
 from __future__ import annotations
@@ -62,14 +62,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
-from localserve.api.leases import LIFECYCLE
 from localserve.api.middleware import parse_body
 from localserve.api.sse import SseWriter
-from localserve.api.state import MANAGER, STATE
+from localserve.api.state import REGISTRY
 from localserve.backends.devices import cached_snapshot
 from localserve.engine.types import PRIORITY_ALIASES, priority_class
 from localserve.errors import InvalidRequestError
-from localserve.models.registry import ModelManager
+from localserve.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +166,13 @@ async def _on_shutdown(app: web.Application) -> None:
 
 def build_snapshot(app: web.Application) -> dict[str, Any]:
     """Everything the dashboard shows, as plain JSON data."""
-    state, manager = app[STATS], app[MANAGER]
+    state, registry = app[STATS], app[REGISTRY]
     keep_alive = _keep_alive(app)
     models, requests = [], []
-    for model_id, stats in manager.engine.stats().items():
+    for model_id, stats in registry.engine.stats().items():
         entry, model_requests = _model_entry(model_id, stats)
         entry.update(keep_alive.get(model_id, NO_KEEP_ALIVE))
-        entry["options"] = manager.load_report(model_id)  # effective ctx per slot, slots, GPU layers, KV MiB
+        entry["options"] = registry.load_report(model_id)  # effective ctx per slot, slots, GPU layers, KV MiB
         models.append(entry)
         requests += model_requests
     return {
@@ -183,11 +182,11 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
         "uptime_s": round(time.monotonic() - state.started_at, 3),
         "process": _process_stats(state),
         "models": models,
-        "loading": sorted(manager.loading),
-        "load_errors": dict(app[STATE].load_errors),
+        "loading": registry.loading,
+        "load_errors": dict(registry.load_errors),
         "requests": requests,
         "one_shot": {
-            name: {**entry, **keep_alive.get(name, {})} for name, entry in _one_shot_stats(state, manager).items()
+            name: {**entry, **keep_alive.get(name, {})} for name, entry in _one_shot_stats(state, registry).items()
         },
         "batches": [_batch_entry(batch) for batch in _call_hook(state.batches, [])],
         "devices": state.devices(),
@@ -211,16 +210,15 @@ def _model_entry(model_id: str, stats: Mapping[str, Any]) -> tuple[dict[str, Any
 
 
 def _keep_alive(app: web.Application) -> dict[str, dict[str, Any]]:
-    """Model id -> when the lifecycle unloads it (`ollama ps`'s UNTIL); {} in an app without one."""
-    lifecycle = app.get(LIFECYCLE)
-    entries = _call_hook(lifecycle.describe, []) if lifecycle is not None else []
+    """Model id -> when the registry unloads it (`ollama ps`'s UNTIL)."""
+    entries = _call_hook(app[REGISTRY].describe, [])
     return {str(e["id"]): {key: e.get(key) for key in ("keep_alive", "expires_in_s", "in_use")} for e in entries}
 
 
-def _one_shot_stats(state: StatsState, manager: ModelManager) -> dict[str, Any]:
+def _one_shot_stats(state: StatsState, registry: ModelRegistry) -> dict[str, Any]:
     """Batcher stats of the hooks and of every loaded one-shot model (these win)."""
     hooked = {name: dict(_call_hook(provider, {})) for name, provider in state.one_shot.items()}
-    return {**hooked, **_call_hook(manager.oneshot_stats, {})}
+    return {**hooked, **_call_hook(registry.oneshot_stats, {})}
 
 
 def _call_hook(provider: Callable[[], Any] | None, default: Any) -> Any:
@@ -295,5 +293,5 @@ def _interval_ms(raw: str | None) -> int:
 async def unload_model(request: web.Request) -> web.Response:
     """`POST /api/v1/unload {"model": ID}`: 404 if that model is not loaded."""
     body = await parse_body(request, UnloadRequest)
-    await request.app[MANAGER].unload(body.model)
+    await request.app[REGISTRY].unload(body.model)
     return web.json_response({"object": "model.unloaded", "model": body.model})

@@ -30,7 +30,7 @@ from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun
 from localserve.api.middleware import parse_body
 from localserve.api.openai.wire import new_id
 from localserve.api.sse import SseWriter
-from localserve.api.state import MANAGER
+from localserve.api.state import REGISTRY
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.errors import LocalServeError, ModelNotFoundError
 from localserve.serving import types as serving
@@ -78,12 +78,12 @@ async def infill(request: web.Request) -> web.StreamResponse:
 
 def _default_model(request: web.Request) -> str:
     """The only generative model, else the first with FIM tokens."""
-    manager = request.app[MANAGER]
-    loaded = list(manager.loaded)
+    registry = request.app[REGISTRY]
+    loaded = list(registry.loaded)
     if len(loaded) == 1:
         return loaded[0]
     for model_id in loaded:
-        if fim_tokens(manager.engine.tokenizer(model_id)) is not None:
+        if fim_tokens(registry.engine.tokenizer(model_id)) is not None:
             return model_id
     if loaded:
         return loaded[0]

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.state import MANAGER
+from localserve.api.state import REGISTRY
 from localserve.backends.base import BackendInfo
 from localserve.errors import ModelNotFoundError
 from localserve.models.oneshot import EMBEDDINGS, gguf_architecture
@@ -52,20 +52,20 @@ class OllamaModel:
 
 def model_id_of(request: web.Request, name: str) -> str:
     """The model id an Ollama name means."""
-    manager = request.app[MANAGER]
-    if name in manager.loaded or name in manager.oneshot:
+    registry = request.app[REGISTRY]
+    if name in registry.loaded or name in registry.oneshot:
         return name
     return name.removesuffix(":latest")
 
 
 def loaded_models(request: web.Request) -> list[OllamaModel]:
-    manager = request.app[MANAGER]
+    registry = request.app[REGISTRY]
     out = [
-        OllamaModel(model_id, GENERATE, m.spec.path, m.backend.info()) for model_id, m in list(manager.loaded.items())
+        OllamaModel(model_id, GENERATE, m.spec.path, m.backend.info()) for model_id, m in list(registry.loaded.items())
     ]
     out += [
         OllamaModel(model_id, EMBEDDINGS, m.spec.path, m.backend.info())
-        for model_id, m in list(manager.oneshot.items())
+        for model_id, m in list(registry.oneshot.items())
         if m.kind == EMBEDDINGS
     ]
     return out
@@ -175,6 +175,6 @@ def capabilities(request: web.Request, model: OllamaModel) -> list[str]:
     if model.kind == EMBEDDINGS:
         return ["embedding"]
     found = ["completion", "tools"]
-    if model.loaded and fim_tokens(request.app[MANAGER].engine.tokenizer(model.model_id)) is not None:
+    if model.loaded and fim_tokens(request.app[REGISTRY].engine.tokenizer(model.model_id)) is not None:
         found.append("insert")
     return found

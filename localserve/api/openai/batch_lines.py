@@ -10,6 +10,7 @@ use it too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +27,7 @@ from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.types import PRIORITY_ALIASES, parse_priority
 from localserve.errors import LocalServeError, QueueFullError
 from localserve.jobs.types import LineResult, new_id
-from localserve.models.registry import ModelManager, resolve
+from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels, ModelHost
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class ServingLineExecutor:
             return self.concurrency
         if endpoint == "/v1/embeddings":
             return EMBEDDING_IN_FLIGHT
-        engine = self.models.manager.engine
+        engine = self.models.registry.engine
         if not model or not engine.has_model(model):
             return 1  # not loaded (yet): one line finds out, and waits or fails
         return engine.capacity(model).max_num_seqs
@@ -131,10 +132,9 @@ async def local_model(
 ) -> AsyncIterator[tuple[ServingLineExecutor, str]]:
     """Load model `name` with a fresh engine for `localserve batch run`;
     yields the executor and the model's id, and closes the model after."""
-    manager = ModelManager(Engine(EngineConfig(max_queue=settings.max_queue)), settings)
+    registry = ModelRegistry(Engine(EngineConfig(max_queue=settings.max_queue)), settings)
     try:
-        loaded = await manager.load(resolve(name))
-        yield ServingLineExecutor(LocalModels(manager), concurrency), loaded.spec.model_id
+        loaded = await registry.load(await asyncio.to_thread(resolve, name))
+        yield ServingLineExecutor(LocalModels(registry), concurrency), loaded.spec.model_id
     finally:
-        await manager.engine.close()
-        await manager.close_oneshot()
+        await registry.close()

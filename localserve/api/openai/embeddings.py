@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES, setup_oneshot, usage_tokens
+from localserve.api.oneshot import PREFIXES, usage_tokens
 from localserve.engine.types import parse_priority
 from localserve.serving.embeddings import EmbeddingsRequest, embed
 from localserve.serving.models import ModelHost
@@ -60,7 +60,6 @@ def register(app: web.Application) -> None:
     """Add the embeddings routes to `app`."""
     for prefix in PREFIXES:
         app.router.add_post(f"{prefix}/embeddings", create_embeddings)
-    setup_oneshot(app)
 
 
 async def create_embeddings(request: web.Request) -> web.Response:

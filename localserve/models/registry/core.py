@@ -1,0 +1,343 @@
+"""`ModelRegistry`: the one owner of the server's models.
+
+* **Names.** `acquire(name)` resolves a name a client gave in one pass
+  (`specs.find_spec`), remembers the specs of models it loaded (start-up
+  `ID=PATH` models too, which no name finds) and the names served under
+  another id (`llama3.2` is `llama3.2:latest`).
+* **Loads.** A generative model goes into the engine, a one-shot model
+  (embeddings, speech) behind a new batcher; the backend opens in a thread
+  (`open_model`, `open_oneshot`), so other models keep serving. Concurrent
+  asks for one model share one load.
+* **Start-up.** `start()` loads `settings.models` in the background;
+  while it runs, a model that is not loaded yet answers 503 (`check_ready`).
+  A start-up model that fails is remembered in `load_errors` (/health).
+* **Leases and keep_alive.** `acquire` returns a `Lease` once the model is
+  loaded; `release(lease)` sets how long the model stays loaded once idle:
+  the lease's keep_alive, else the model's default (`--keep-alive`; without
+  it 5 minutes for models loaded on demand, forever for start-up models).
+  0 unloads it as soon as it is idle, a negative value keeps it forever.
+  A reaper task unloads idle models whose keep_alive has run out.
+* **Limits.** Each kind (chat, embeddings, asr) holds at most
+  `--max-loaded-models` models loaded on demand; to make room, the least
+  recently used *idle* model of the kind is unloaded. A model is idle when
+  no lease is held and neither its engine queue nor its batcher has work.
+  If every model of the kind is busy, the load waits for one to become idle
+  (up to EVICT_WAIT_S, then 503). Start-up models load whatever the limit.
+* **Options.** `acquire(..., options=...)` (`POST /api/v1/load`) loads with
+  options above every other level (models/options.py); a model loaded with
+  other options must be unloaded first.
+
+Everything here runs on the event loop; only opening and closing backends
+run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from localserve.backends.base import GenerativeBackend, OneShotBackend
+from localserve.config import ServerSettings
+from localserve.engine.batcher import Batcher, BatcherConfig
+from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
+from localserve.models.catalog import ModelOptions
+from localserve.models.names import validate_model_id
+from localserve.models.oneshot import oneshot_kind
+from localserve.models.plan import LoadReport
+from localserve.models.policy import (
+    DEFAULT_ON_DEMAND_KEEP_ALIVE_S,
+    FOREVER,
+    kind_of,
+    parse_keep_alive,
+    parse_max_loaded_models,
+)
+from localserve.models.registry import keeping, opening
+from localserve.models.registry.records import (
+    LOADED,
+    LOADING,
+    PENDING,
+    UNLOADING,
+    Lease,
+    LoadedModel,
+    LoadedOneShot,
+    ModelRecord,
+)
+from localserve.models.registry.specs import ModelSpec, find_spec, resolve
+from localserve.models.registry.views import RegistryViews
+
+log = logging.getLogger(__name__)
+
+
+class ModelRegistry(RegistryViews):
+    """Resolves, loads, keeps alive, evicts and unloads the models of one engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: ServerSettings,
+        *,
+        find: Callable[[str], ModelSpec | None] = find_spec,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.limits = parse_max_loaded_models(settings.max_loaded_models)
+        self.keep_alive_s = parse_keep_alive(settings.keep_alive, param="keep_alive setting")
+        self.records: dict[str, ModelRecord] = {}  # every model loading, loaded or unloading
+        self.load_errors: dict[str, str] = {}  # start-up model (as named in settings) -> why it did not load
+        self._find = find
+        self._known: dict[str, ModelSpec] = {}  # models loaded once: loaded again without a lookup
+        self._names: dict[str, str] = {}  # a name clients used -> the id its model is served under
+        self._startup_specs: dict[str, ModelSpec] = {}
+        self.startup: asyncio.Task[None] | None = None  # the start-up loads, while they run
+        self.keeper = keeping.Keeper(self)
+
+    # ---- start-up and shutdown -------------------------------------------------------
+
+    def resolve_startup(self) -> None:
+        """Resolve the start-up models now (blocking), so that a typo fails
+        before the server starts instead of leaving it never ready."""
+        self._startup_specs = {name: resolve(name) for name in self.settings.models}
+
+    def start(self, *, stop_on_error: bool = False) -> None:
+        """Load the start-up models in the background and start the reaper.
+        With `stop_on_error` the first failure stops the start-up loads
+        (`localserve serve` then exits naming it)."""
+        self.startup = asyncio.create_task(self._load_startup(stop_on_error), name="localserve-load-models")
+        self.keeper.start()
+
+    @property
+    def starting(self) -> bool:
+        return self.startup is not None and not self.startup.done()
+
+    async def _load_startup(self, stop_on_error: bool) -> None:
+        for name in self.settings.models:
+            try:
+                spec = self._startup_specs.get(name)
+                if spec is None:
+                    spec = await asyncio.to_thread(resolve, name)
+                await self.load(spec)
+            except LocalServeError as exc:
+                self.load_errors[name] = exc.message
+            except Exception as exc:  # a bug or a native failure: one line here, the traceback at debug level
+                self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+                log.debug("loading %s failed", name, exc_info=True)
+            else:
+                continue
+            if stop_on_error:
+                return  # `serve` reports it and exits; the other models need not load
+            log.error("could not load model %s: %s", name, self.load_errors[name])
+
+    async def close(self) -> None:
+        """Server shutdown: abandon the loads still running, stop the reaper,
+        close the engine and every one-shot model."""
+        tasks = [self.startup] + [r.task for r in self.records.values() if r.state in (PENDING, LOADING)]
+        for task in tasks:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self.keeper.stop()
+        await self.engine.close()
+        for record in list(self.records.values()):
+            if isinstance(record.model, LoadedOneShot):
+                await _close_oneshot(record.model)
+        self.records.clear()
+
+    # ---- leases ----------------------------------------------------------------------
+
+    def check_ready(self, model_id: str) -> None:
+        """400 for a bad id; 503 while the start-up models load, for a model
+        that is not loaded yet (it may be one of them)."""
+        validate_model_id(model_id)
+        if self.starting and not self.is_loaded(model_id):
+            raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
+
+    async def acquire(
+        self, name: str, *, kind: str | None = None, keep_alive: object = None, options: ModelOptions | None = None
+    ) -> Lease:
+        """Hold model `name` loaded (loading it first if needed, with `options`
+        if given); 400 for a bad id, the wrong kind or other options than the
+        loaded model's, 404 for an unknown model, 503 if no room frees up."""
+        validate_model_id(name)
+        keep_alive_s = parse_keep_alive(keep_alive)  # type: ignore[arg-type]
+        record = await self._record(name, kind, options if options is not None and options.given() else None)
+        record.num_users += 1
+        try:
+            if record.state in (PENDING, LOADING):
+                assert record.task is not None
+                await asyncio.shield(record.task)  # a cancelled request does not cancel the shared load
+        except BaseException:
+            record.num_users -= 1
+            raise
+        record.last_used = time.monotonic()
+        return Lease(record, keep_alive_s)
+
+    def release(self, lease: Lease) -> None:
+        """The caller is done with the model: start its keep_alive clock."""
+        record = lease.record
+        record.num_users = max(0, record.num_users - 1)
+        record.last_used = time.monotonic()
+        record.keep_alive_s = record.default_keep_alive_s if lease.keep_alive_s is None else lease.keep_alive_s
+        self.keeper.changed()
+
+    async def _record(self, name: str, kind: str | None, options: ModelOptions | None) -> ModelRecord:
+        """The record of the model `name` means, its load started if needed."""
+        model_id = self._names.get(name, name)
+        while True:
+            record = self.records.get(model_id)
+            if record is None:
+                spec = self._known.get(model_id)
+                if spec is None:
+                    spec = await asyncio.to_thread(self._spec, model_id)
+                    if spec.model_id != model_id:  # `llama3.2` is served as `llama3.2:latest`
+                        self._names[model_id] = spec.model_id
+                        model_id = spec.model_id
+                keeping.check_kind(model_id, kind_of(spec.labels), kind)
+                if options is not None:
+                    spec = dataclasses.replace(spec, options=options)
+                record = self.records.get(model_id)  # another request may have started it meanwhile
+                if record is None:
+                    record = self._start_load(spec, on_demand=True)
+            keeping.check_kind(model_id, record.kind, kind)
+            if options is not None and record.spec.options != options and record.state != UNLOADING:
+                raise InvalidRequestError(
+                    f"model {model_id!r} is loaded with other options ({record.spec.options.given() or 'its defaults'}); "
+                    "unload it first (POST /api/v1/unload) to load it with these",
+                    param="options",
+                )
+            if record.state != UNLOADING:
+                return record
+            assert record.task is not None
+            await asyncio.shield(record.task)
+
+    def _spec(self, model_id: str) -> ModelSpec:
+        spec = self._find(model_id)
+        if spec is None:
+            loaded = ", ".join(sorted(self.records)) or "none"
+            raise ModelNotFoundError(
+                f"The model {model_id!r} does not exist (loaded: {loaded}; `localserve list` shows the known models)",
+                param="model",
+            )
+        return spec
+
+    # ---- loading ---------------------------------------------------------------------
+
+    async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
+        """Load `spec` without a lease and without evicting (start-up models,
+        `localserve run`, `batch run`); it stays loaded per `--keep-alive`,
+        else forever. Callers that ask while it loads share that load."""
+        record = self.records.get(spec.model_id)
+        while record is not None and record.state == UNLOADING:
+            assert record.task is not None
+            await asyncio.shield(record.task)
+            record = self.records.get(spec.model_id)
+        if record is None:
+            record = self._start_load(spec, on_demand=False)
+        record.default_keep_alive_s = record.keep_alive_s = self._default_keep_alive(on_demand=False)
+        if record.state != LOADED:
+            assert record.task is not None
+            await asyncio.shield(record.task)
+        assert record.model is not None
+        return record.model
+
+    def _default_keep_alive(self, *, on_demand: bool) -> float:
+        if self.keep_alive_s is not None:
+            return self.keep_alive_s
+        return DEFAULT_ON_DEMAND_KEEP_ALIVE_S if on_demand else FOREVER
+
+    def _start_load(self, spec: ModelSpec, *, on_demand: bool) -> ModelRecord:
+        default = self._default_keep_alive(on_demand=on_demand)
+        record = ModelRecord(spec, kind_of(spec.labels), default, keep_alive_s=default)
+        self.records[spec.model_id] = record
+        record.task = asyncio.create_task(self._load(record, on_demand), name=f"localserve-load-{spec.model_id}")
+        record.task.add_done_callback(keeping.retrieve)
+        return record
+
+    async def _load(self, record: ModelRecord, on_demand: bool) -> None:
+        try:
+            if on_demand:
+                await self.keeper.make_room(record)
+            record.state = LOADING
+            log.info("loading %s (%s)", record.model_id, record.kind)
+            record.model = await self._install(record.spec)
+        except BaseException:
+            if self.records.get(record.model_id) is record:
+                del self.records[record.model_id]
+            self.keeper.changed()
+            raise
+        record.state = LOADED
+        record.last_used = time.monotonic()
+        self._known[record.model_id] = dataclasses.replace(record.spec, options=ModelOptions())  # next: its own
+        log.info("model %s ready (%s, %.1f s)", record.model_id, record.spec.path, record.model.load_seconds)
+        self.keeper.changed()
+
+    async def _install(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
+        """Open the backend in a thread; a generative one goes into the
+        engine, a one-shot one behind a new batcher."""
+        started = time.monotonic()
+        kind = oneshot_kind(spec.labels)
+        if kind is not None:
+            oneshot, batching = await asyncio.to_thread(self.open_oneshot, spec, kind)
+            batcher = Batcher(spec.model_id, oneshot, batching)
+            return LoadedOneShot(spec, kind, oneshot, batcher, load_seconds=time.monotonic() - started)
+        backend, report = await asyncio.to_thread(self.open_model, spec)
+        self.engine.add_model(spec.model_id, backend, self._engine_config())
+        return LoadedModel(spec, backend, load_seconds=time.monotonic() - started, report=report)
+
+    def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
+        """Open a generative model's backend (blocking)."""
+        return opening.open_generative(spec, self.settings)
+
+    def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+        """Open a one-shot model's backend (blocking: converts on first use)."""
+        return opening.open_oneshot(spec, kind, self.settings)
+
+    def _engine_config(self) -> EngineConfig:
+        reserved = self.settings.reserved_slots
+        return EngineConfig(
+            max_queue=self.settings.max_queue,
+            scheduler=SchedulerConfig(aging_s=self.settings.aging_s, reserved_slots=None if reserved < 0 else reserved),
+        )
+
+    # ---- unloading -------------------------------------------------------------------
+
+    async def unload(self, model_id: str) -> None:
+        """Unload now (requests in flight on it end with an error); 404 if not loaded."""
+        validate_model_id(model_id)
+        model_id = self._names.get(model_id, model_id)
+        record = self.records.get(model_id)
+        if record is not None and record.state in (PENDING, LOADING) and record.task is not None:
+            with contextlib.suppress(Exception):  # a failed load: nothing to unload
+                await asyncio.shield(record.task)
+            record = self.records.get(model_id)
+        if record is None:
+            raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
+        if record.state == UNLOADING and record.task is not None:
+            await asyncio.shield(record.task)
+            return
+        await self.keeper.unload(record, "asked to")
+
+    def forget(self, model_id: str) -> None:
+        """Drop what is remembered of a model's files (after it left the store)."""
+        self._known.pop(model_id, None)
+        for name in [name for name, target in self._names.items() if model_id in (name, target)]:
+            del self._names[name]
+
+    async def uninstall(self, record: ModelRecord) -> None:
+        """Take a loaded model out of the engine or stop its batcher (the keeper's unload)."""
+        model, record.model = record.model, None
+        if isinstance(model, LoadedOneShot):
+            await _close_oneshot(model)
+        elif model is not None:
+            await self.engine.remove_model(record.model_id)
+
+
+async def _close_oneshot(model: LoadedOneShot) -> None:
+    await asyncio.to_thread(model.batcher.close)
+    await asyncio.to_thread(model.backend.close)

@@ -1,0 +1,72 @@
+"""What the registry keeps per model: the loaded backend (generative, or
+one-shot behind its batcher), the record of its life (state, leases, idle
+clock, keep_alive) and the lease a caller holds it with."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from localserve.backends.base import GenerativeBackend, OneShotBackend
+from localserve.engine.batcher import Batcher
+from localserve.models.plan import LoadReport
+from localserve.models.policy import FOREVER
+from localserve.models.registry.specs import ModelSpec
+
+#: A record's states: waiting for room, opening its backend, serving, closing.
+PENDING, LOADING, LOADED, UNLOADING = "pending", "loading", "loaded", "unloading"
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A generative model, in the engine."""
+
+    spec: ModelSpec
+    backend: GenerativeBackend
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+    report: LoadReport | None = None  # the effective options (ctx per slot, slots, GPU layers, KV size)
+
+
+@dataclass(slots=True)
+class LoadedOneShot:
+    """An embeddings or speech model: its backend behind its batcher."""
+
+    spec: ModelSpec
+    kind: str  # "embeddings" | "transcription"
+    backend: OneShotBackend  # type: ignore[type-arg]
+    batcher: Batcher  # type: ignore[type-arg]
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class ModelRecord:
+    """One model of the registry, from the start of its load to its unload."""
+
+    spec: ModelSpec
+    kind: str  # the limit it counts against: chat, embeddings, asr (models/policy.py)
+    default_keep_alive_s: float
+    state: str = PENDING
+    num_users: int = 0  # leases held, and requests waiting for the load
+    last_used: float = field(default_factory=time.monotonic)
+    keep_alive_s: float = FOREVER  # once idle; set by each release
+    task: asyncio.Task[None] | None = None  # the load or the unload in progress
+    model: LoadedModel | LoadedOneShot | None = None  # set, with state LOADED, once it serves
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A model held loaded for one call; give it back with `ModelRegistry.release`."""
+
+    record: ModelRecord
+    keep_alive_s: float | None  # None: the model's default
+
+    @property
+    def model_id(self) -> str:
+        return self.record.model_id

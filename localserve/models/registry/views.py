@@ -1,0 +1,107 @@
+"""What the registry's models look like from outside: the loaded ones by
+kind, one of them by id (with the right error when it is not there), the
+load reports, batcher stats and the list `GET /api/v1/loaded` shows. All
+derived from the registry's records; nothing here keeps state."""
+
+from __future__ import annotations
+
+import time
+
+from localserve.engine.engine import Engine
+from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
+from localserve.models.policy import FOREVER, format_keep_alive
+from localserve.models.registry.records import LOADED, LOADING, PENDING, LoadedModel, LoadedOneShot, ModelRecord
+
+
+class RegistryViews:
+    """Read-only views of `ModelRegistry.records` (a base class of the registry)."""
+
+    engine: Engine
+    records: dict[str, ModelRecord]
+
+    @property
+    def loaded(self) -> dict[str, LoadedModel]:
+        """The loaded generative models, by id."""
+        return {i: r.model for i, r in list(self.records.items()) if isinstance(r.model, LoadedModel)}
+
+    @property
+    def oneshot(self) -> dict[str, LoadedOneShot]:
+        """The loaded embeddings and speech models, by id."""
+        return {i: r.model for i, r in list(self.records.items()) if isinstance(r.model, LoadedOneShot)}
+
+    @property
+    def loading(self) -> list[str]:
+        """The models whose load has started and not ended, sorted."""
+        return sorted(i for i, r in list(self.records.items()) if r.state in (PENDING, LOADING))
+
+    def is_loaded(self, model_id: str) -> bool:
+        record = self.records.get(model_id)
+        return record is not None and record.model is not None
+
+    def get(self, model_id: str) -> LoadedModel:
+        """A loaded generative model; 400 for another kind, 503 while it loads, else 404."""
+        record = self.records.get(model_id)
+        if record is not None and isinstance(record.model, LoadedModel):
+            return record.model
+        if record is not None and isinstance(record.model, LoadedOneShot):
+            kind = record.model.kind
+            route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
+            raise InvalidRequestError(f"model {model_id!r} is a {kind} model; use {route}", param="model")
+        if record is not None and record.state in (PENDING, LOADING):
+            raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
+        known = ", ".join(sorted(self.loaded)) or "none"
+        raise ModelNotFoundError(
+            f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model"
+        )
+
+    def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
+        """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
+        record = self.records.get(model_id)
+        model = record.model if record is not None else None
+        if isinstance(model, LoadedOneShot) and model.kind == kind:
+            return model
+        if model is not None:
+            what = model.kind if isinstance(model, LoadedOneShot) else "chat/completions"
+            raise InvalidRequestError(f"model {model_id!r} is a {what} model, not a {kind} model", param="model")
+        if record is not None and record.state in (PENDING, LOADING):
+            raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
+        known = ", ".join(sorted(m for m, o in self.oneshot.items() if o.kind == kind)) or "none"
+        raise ModelNotFoundError(f"The {kind} model {model_id!r} is not loaded (loaded: {known})", param="model")
+
+    def load_report(self, model_id: str) -> dict[str, object]:
+        """The effective options of a loaded generative model, as JSON ({} if unknown)."""
+        model = self.loaded.get(model_id)
+        return model.report.to_json() if model is not None and model.report is not None else {}
+
+    def oneshot_stats(self) -> dict[str, dict[str, object]]:
+        """Batcher stats per one-shot model, for the dashboard and /metrics."""
+        return {model_id: {"kind": m.kind, **m.batcher.stats()} for model_id, m in self.oneshot.items()}
+
+    def busy(self, record: ModelRecord) -> bool:
+        """Leases held, or work queued or running in the engine or the batcher."""
+        if record.num_users:
+            return True
+        if isinstance(record.model, LoadedOneShot):
+            stats = record.model.batcher.stats(0.0)
+            return bool(stats.get("in_flight") or stats.get("queue_items"))
+        return self.engine.has_model(record.model_id) and bool(self.engine.num_in_flight(record.model_id))
+
+    def describe(self) -> list[dict[str, object]]:
+        """Every model of the registry, for `GET /api/v1/loaded`, `ollama ps` and the dashboard."""
+        now = time.monotonic()
+        out = []
+        for record in sorted(list(self.records.values()), key=lambda r: r.model_id):
+            idle = record.state == LOADED and not self.busy(record)
+            expires_in = record.last_used + record.keep_alive_s - now if idle else None
+            out.append(
+                {
+                    "id": record.model_id,
+                    "kind": record.kind,
+                    "state": record.state,
+                    "in_use": not idle and record.state == LOADED,
+                    "keep_alive": format_keep_alive(record.keep_alive_s),
+                    "expires_in_s": None if expires_in is None or expires_in == FOREVER else max(0.0, expires_in),
+                    "options": self.load_report(record.model_id) if record.state == LOADED else {},
+                }
+            )
+        return out
