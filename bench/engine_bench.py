@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llama_cpp
 
-from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig, _init_llama
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
+from localserve.backends.llamacpp.devices import init_llama
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.types import GenerateRequest, SamplingParams
 from localserve.models.registry import resolve
@@ -37,7 +38,7 @@ def prompt_tokens(tokenizer, n: int, i: int) -> list[int]:  # type: ignore[no-un
 
 
 def raw_decode_tps(model_path: str, n_seqs: int, n_prompt: int, n_gen: int, threads: int) -> float:
-    _init_llama()
+    init_llama()
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
     cparams = llama_cpp.llama_context_default_params()

@@ -36,7 +36,7 @@ class ServerSettings:
     parallel: int | None = None  # sequences decoded together per model
     ctx_size: int | None = None  # longest sequence per slot; 0 = the model's training context (fit to memory)
     kv_size: int | None = None  # KV cells per model (0: ctx_size * parallel, a stream per slot; fewer: one shared pool)
-    device: str | None = None  # auto | cpu | gpu
+    device: str | None = None  # a device name (backends/device_names.py); None: each model's own
     n_gpu_layers: int | str | None = None  # layers offloaded to the GPU: "auto" (what fits), N, or -1 (all)
     cache_type_k: str | None = None  # KV cache element type of K: f16, q8_0, q4_0, ... (backends/kv_types.py)
     cache_type_v: str | None = None  # ... of V (quantized V needs flash attention)

@@ -128,9 +128,17 @@ class BackendError(LocalServeError):
 
 
 class DeviceNotFoundError(LocalServeError):
+    """A device the backend can use but does not see here (backends/device_names.py)."""
+
     status = 400
     type = "invalid_request_error"
     code = "device_not_found"
+
+
+class UnsupportedDeviceError(DeviceNotFoundError):
+    """A device name the backend can never serve, or no device name at all."""
+
+    code = "unsupported_device"
 
 
 class EngineStoppedError(LocalServeError):

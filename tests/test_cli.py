@@ -194,8 +194,13 @@ def test_empty_env_var_is_ignored() -> None:
 def test_bad_env_value_names_the_variable() -> None:
     with pytest.raises(cli.CliError, match="LOCALSERVE_PORT='http'"):
         cli.settings_from_args([], {"LOCALSERVE_PORT": "http"})
-    with pytest.raises(cli.CliError, match="LOCALSERVE_DEVICE"):
+    with pytest.raises(cli.CliError, match="LOCALSERVE_DEVICE.*use one of: auto, cpu, gpu, gpu:N, npu"):
         cli.settings_from_args([], {"LOCALSERVE_DEVICE": "tpu"})
+
+
+def test_device_takes_the_one_vocabulary() -> None:
+    for given, device in (("GPU.1", "gpu:1"), ("npu", "npu"), ("DML", "directml"), ("cuda:0", "cuda:0")):
+        assert cli.settings_from_args(["--device", given], {}).device == device
 
 
 def test_model_options_are_unset_unless_given() -> None:
@@ -311,7 +316,7 @@ def test_serve_exits_1_when_the_gpu_asked_for_is_missing() -> None:
     for flags in (["--device", "gpu"], ["--n-gpu-layers", "10"]):
         result = run_cli("serve", *flags, "--port", str(_free_port()), timeout=180)
         assert result.returncode == 1, (flags, result.stderr)
-        assert_one_line_error(result, f"could not load model {DEFAULT_MODEL}", "no GPU support")
+        assert_one_line_error(result, f"could not load model {DEFAULT_MODEL}", "GPU support")
 
 
 def test_run_and_batch_run_fail_in_one_line_on_a_damaged_gguf_or_a_missing_file(tmp_path: Path) -> None:

@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localserve.backends.device_names import canonical_device, vocabulary
 from localserve.backends.kv_types import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localserve.cli.models import keep_alive_option, max_loaded_models_option
 from localserve.config import MODEL_DEFAULTS, ServerSettings
 
 ENV_PREFIX = "LOCALSERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEVICES = ("auto", "cpu", "gpu")
 
 
 class CliError(Exception):
@@ -67,6 +67,13 @@ def _choice(choices: Sequence[str]) -> Callable[[str], str]:
         return text.lower()
 
     return convert
+
+
+def _device(text: str) -> str:
+    try:
+        return canonical_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ctx_size(text: str) -> int:
@@ -139,7 +146,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("--batch-tokens", "batch_tokens", int_at_least(1), "token budget of one engine step", "N"),
     Option("--threads", "threads", int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
-    Option("--device", "device", _choice(DEVICES), f"where to run models: {', '.join(DEVICES)}", "DEVICE"),
+    Option(
+        "--device",
+        "device",
+        _device,
+        f"where to run models: {vocabulary()} (see `localserve devices`; auto = each backend's best)",
+        "DEVICE",
+    ),
     Option(
         "--n-gpu-layers",
         "n_gpu_layers",

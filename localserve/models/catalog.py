@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from localserve.backends.device_names import canonical_device
 from localserve.config import data_home
 from localserve.errors import InvalidRequestError
 from localserve.models.names import SPLIT_RE, validate_file_name, validate_model_id
@@ -90,7 +91,7 @@ class ModelOptions(BaseModel):
     ctx_size: int | None = Field(default=None, ge=0)  # per slot; 0 = the model's training context
     parallel: int | None = Field(default=None, ge=1, le=1024)
     kv_size: int | None = Field(default=None, ge=0)  # KV cells over all slots; 0 = ctx_size * parallel
-    device: Literal["auto", "cpu", "gpu"] | None = None
+    device: str | None = None  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, npu, cuda, ...
     n_gpu_layers: int | Literal["auto"] | None = None  # -1 = all
     cache_type_k: KvCacheType | None = None  # KV cache element types (backends/kv_types.py)
     cache_type_v: KvCacheType | None = None
@@ -98,8 +99,8 @@ class ModelOptions(BaseModel):
 
     @field_validator("device", mode="before")
     @classmethod
-    def _lower_device(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
+    def _device(cls, value: Any) -> Any:
+        return canonical_device(value) if isinstance(value, str) else value  # ValueError: a validation error
 
     @field_validator("n_gpu_layers", mode="before")
     @classmethod

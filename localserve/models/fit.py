@@ -24,8 +24,6 @@ the machine.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -231,47 +229,20 @@ def probe_memory() -> Memory:
 
 
 def gpu_devices() -> tuple[bool, list[tuple[str, int, int]]]:
-    """(GPU offload supported, [(name, free bytes, total bytes)] per GPU device)."""
+    """(GPU offload supported, [(name, free bytes, total bytes)] per GPU device, in `gpu:N` order)."""
     import llama_cpp
 
-    from localserve.backends.llamacpp.backend import available_devices
+    from localserve.backends.llamacpp.devices import init_llama
 
-    available_devices()  # initialises the llama.cpp backend once per process
+    init_llama()
     if not llama_cpp.llama_supports_gpu_offload():
         return False, []
     return True, [(name, free, total) for name, kind, free, total in ggml_devices() if kind in _GGML_GPU_TYPES]
 
 
 def ggml_devices() -> list[tuple[str, int, int, int]]:
-    """[(description, ggml device type, free bytes, total bytes)] of every device llama.cpp sees.
+    """[(description, ggml device type, free bytes, total bytes)] of every device llama.cpp sees
+    (backends/llamacpp/devices.py asks ggml)."""
+    from localserve.backends.llamacpp.devices import ggml_devices as ask_ggml
 
-    llama-cpp-python 0.3.36 has no Python binding for ggml's device API, but
-    the ggml library it loads exports it: `ggml_backend_dev_count/get/type/
-    memory/description` (see ggml-backend.h)."""
-    lib = _ggml()
-    out = []
-    for index in range(lib.ggml_backend_dev_count()):
-        device = lib.ggml_backend_dev_get(index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        name = (lib.ggml_backend_dev_description(device) or lib.ggml_backend_dev_name(device) or b"?").decode()
-        out.append((name, int(lib.ggml_backend_dev_type(device)), int(free.value), int(total.value)))
-    return out
-
-
-@functools.cache
-def _ggml() -> ctypes.CDLL:
-    from llama_cpp._ggml import libggml as lib
-
-    ptr, size = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, result in (
-        ("ggml_backend_dev_count", [], size),
-        ("ggml_backend_dev_get", [size], ptr),
-        ("ggml_backend_dev_type", [ptr], ctypes.c_int),
-        ("ggml_backend_dev_name", [ptr], ctypes.c_char_p),
-        ("ggml_backend_dev_description", [ptr], ctypes.c_char_p),
-        ("ggml_backend_dev_memory", [ptr, ctypes.POINTER(size), ctypes.POINTER(size)], None),
-    ):
-        function = getattr(lib, name)
-        function.argtypes, function.restype = args, result
-    return lib  # type: ignore[no-any-return]
+    return [(d.description or d.name, d.type, d.free, d.total) for d in ask_ggml()]

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from localserve.backends.device_names import canonical_device
 from localserve.backends.kv_types import check_kv_types
 from localserve.config import MODEL_DEFAULTS, ServerSettings
-from localserve.errors import DeviceNotFoundError, InvalidRequestError
+from localserve.errors import DeviceNotFoundError, InvalidRequestError, UnsupportedDeviceError
 from localserve.models.catalog import ModelOptions, option_layers, parse_gpu_layers
 
 OPTION_NAMES = (
@@ -40,7 +41,7 @@ class ResolvedOptions:
     ctx_size: int  # per slot; 0 = the model's training context
     parallel: int
     kv_size: int
-    device: str  # auto | cpu | gpu
+    device: str  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, npu, cuda, ...
     n_gpu_layers: int | None  # None = auto, -1 = all
     sources: dict[str, str] = field(default_factory=dict)  # option -> REQUEST | FLAG | CONFIG | CATALOG | DEFAULT
     cache_type_k: str = "f16"  # KV cache element types (backends/kv_types.py)
@@ -90,13 +91,22 @@ def resolve_options(model_id: str, settings: ServerSettings, request: ModelOptio
         ctx_size=int(values["ctx_size"]),
         parallel=int(values["parallel"]),
         kv_size=int(values["kv_size"]),
-        device=str(values["device"]).lower(),
+        device=_device(model_id, values["device"]),
         n_gpu_layers=None if layers_value == "auto" else int(layers_value),
         sources=sources,
         cache_type_k=str(values["cache_type_k"]),
         cache_type_v=str(values["cache_type_v"]),
         flash_attn=str(values["flash_attn"]),
     )
+
+
+def _device(model_id: str, value: Any) -> str:
+    """A device name in its one spelling (`--device` and the catalog check
+    theirs already; ServerSettings built in code may hold any string)."""
+    try:
+        return canonical_device(str(value))
+    except ValueError as exc:
+        raise UnsupportedDeviceError(f"model {model_id!r}: {exc}", param="device") from None
 
 
 def _settings_layer(settings: ServerSettings) -> dict[str, Any]:
@@ -110,18 +120,13 @@ def _settings_layer(settings: ServerSettings) -> dict[str, Any]:
 
 
 def check_gpu_request(model_id: str, options: ResolvedOptions, gpu_offload: bool) -> None:
-    """A GPU asked for on a build without GPU offload is a load error that
-    says so (an `auto` just resolves to the CPU)."""
-    if gpu_offload:
+    """GPU layers asked for on a build without GPU offload are a load error
+    that says so (`auto` just resolves to the CPU). The device name itself is
+    checked by the llama.cpp resolver (backends/llamacpp/devices.place)."""
+    if gpu_offload or not options.explicit_gpu_layers():
         return
-    wanted = []
-    if options.device == "gpu":
-        wanted.append(f"device gpu ({options.sources['device']})")
-    if options.explicit_gpu_layers():
-        wanted.append(f"n_gpu_layers {options.n_gpu_layers} ({options.sources['n_gpu_layers']})")
-    if wanted:
-        raise DeviceNotFoundError(
-            f"model {model_id!r}: {' and '.join(wanted)} asked for GPU offload, but this llama-cpp-python build "
-            "has no GPU support; present: CPU. Use n_gpu_layers 0 or auto (--n-gpu-layers), --device cpu, or "
-            "reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on (or Vulkan/Metal)."
-        )
+    raise DeviceNotFoundError(
+        f"model {model_id!r}: n_gpu_layers {options.n_gpu_layers} ({options.sources['n_gpu_layers']}) asked for "
+        "GPU offload, but this llama-cpp-python build has no GPU support; present: cpu. Use n_gpu_layers 0 or "
+        "auto (--n-gpu-layers), or reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on (or Vulkan/Metal)."
+    )

@@ -14,10 +14,20 @@ from typing import Any
 
 from localserve.backends.kv_types import kv_bytes_scale
 from localserve.backends.llamacpp.backend import LlamaCppConfig
+from localserve.backends.llamacpp.devices import place
 from localserve.config import ServerSettings
 from localserve.engine.types import Capacity
 from localserve.models.catalog import ModelOptions
-from localserve.models.fit import MIB, ONE_CONTEXT_POOL, Fit, FitRequest, fit_model, probe_memory
+from localserve.models.fit import (
+    MIB,
+    ONE_CONTEXT_POOL,
+    Fit,
+    FitRequest,
+    Memory,
+    fit_model,
+    gpu_devices,
+    probe_memory,
+)
 from localserve.models.gguf_shape import GgufShape, read_gguf_shape
 from localserve.models.options import CATALOG, DEFAULT, ResolvedOptions, check_gpu_request, resolve_options
 
@@ -109,13 +119,16 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
     """Check and fit a GGUF model's resolved options to memory (blocking: reads the GGUF header)."""
     memory = probe_memory()
     check_gpu_request(model_id, options, memory.gpu_offload)
+    placement = place(options.device)  # a device llama.cpp cannot use fails here, before the fit
+    if placement.main_gpu is not None:  # gpu:N: that GPU's memory only
+        memory = on_one_gpu(memory, placement.main_gpu)
     shape = with_kv_types(read_gguf_shape(path), options.cache_type_k, options.cache_type_v)
     want = FitRequest(
         ctx_size=options.ctx_size,
         parallel=options.parallel,
         kv_size=ONE_CONTEXT_POOL if default_kv_pool(options) else options.kv_size,
         n_gpu_layers=options.n_gpu_layers,
-        use_gpu=options.device != "cpu",
+        use_gpu=options.device != "cpu",  # auto on a CPU build: the fit notes why no layer is offloaded
     )
     fit = fit_model(shape, memory, want)
     config = LlamaCppConfig(
@@ -134,6 +147,13 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
     for note in fit.notes:
         log.info("%s: %s", model_id, note)
     return LlamaCppPlan(config, options, shape, fit)
+
+
+def on_one_gpu(memory: Memory, index: int) -> Memory:
+    """`memory` as a model held by GPU `index` alone sees it."""
+    _, gpus = gpu_devices()
+    name, free, total = gpus[index]
+    return dataclasses.replace(memory, gpu_free=free, gpu_total=total, gpu_names=(name,))
 
 
 def default_kv_pool(options: ResolvedOptions) -> bool:

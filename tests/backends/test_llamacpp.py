@@ -158,7 +158,7 @@ def test_gpu_device_on_a_cpu_build_is_a_clear_error(tiny_gguf_path: Path) -> Non
 
     if llama_cpp.llama_supports_gpu_offload():
         pytest.skip("this llama-cpp-python build has GPU offload")
-    with pytest.raises(DeviceNotFoundError, match="present: CPU"):
+    with pytest.raises(DeviceNotFoundError, match="present: cpu"):
         LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), device="gpu"))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localserve.backends.openvino.backend import OpenVinoBackend, OpenVinoConfig, resolve_device
+from localserve.backends.openvino.backend import OpenVinoBackend, OpenVinoConfig
 from localserve.backends.openvino.static import (
     StaticShapes,
     needs_static_shapes,
@@ -42,19 +42,6 @@ def decoder_folder(exported_smollm2: dict[str, Path]) -> Path:  # noqa: F811
 
 
 # ---- no model needed -----------------------------------------------------------------
-
-
-def test_auto_prefers_npu_then_gpu_then_cpu() -> None:
-    assert resolve_device("auto", ["CPU"]) == "CPU"
-    assert resolve_device("auto", ["CPU", "GPU.0", "GPU.1"]) == "GPU.0"
-    assert resolve_device("AUTO", ["CPU", "GPU", "NPU"]) == "NPU"
-    assert resolve_device("gpu", ["CPU", "GPU.0"]) == "GPU"
-
-
-@pytest.mark.parametrize("device", ["NPU", "GPU", "gpu.1"])
-def test_an_absent_device_is_a_clear_error_naming_those_present(device: str) -> None:
-    with pytest.raises(DeviceNotFoundError, match="sees only: CPU"):
-        resolve_device(device, ["CPU"])
 
 
 SMOLLM2_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # layers, kv heads, head dim, float32
@@ -119,7 +106,7 @@ def test_absent_gpu_fails_at_load(exported_smollm2: dict[str, Path]) -> None:  #
 
     if "GPU" in openvino.Core().available_devices:
         pytest.skip("OpenVINO sees a GPU here")
-    with pytest.raises(DeviceNotFoundError, match="CPU"):
+    with pytest.raises(DeviceNotFoundError, match="present: cpu"):
         open_backend(exported_smollm2["openvino"], device="GPU")
 
 

@@ -58,9 +58,9 @@ def test_smollm2_shape_matches_its_metadata(smol: GgufShape, smol_path: Path) ->
 def test_smollm2_shape_matches_llama_cpp(smol: GgufShape, smol_path: Path) -> None:
     import llama_cpp
 
-    from localserve.backends.llamacpp.backend import available_devices
+    from localserve.backends.llamacpp.devices import init_llama
 
-    available_devices()  # llama.cpp initialised
+    init_llama()
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
     model = llama_cpp.llama_model_load_from_file(str(smol_path).encode(), params)
@@ -79,7 +79,7 @@ def test_kv_bytes_per_cell_is_what_llama_cpp_allocates(
 ) -> None:
     from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
-    caplog.set_level(logging.DEBUG, logger="localserve.backends.llamacpp.backend")
+    caplog.set_level(logging.DEBUG, logger="localserve.backends.llamacpp.devices")  # llama.cpp's log
     backend = LlamaCppBackend(LlamaCppConfig(str(smol_path), n_ctx=512, parallel=2, n_threads=1, device="cpu"))
     backend.close()
     sizes = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]

@@ -11,9 +11,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from localserve.backends.llamacpp.devices import place
 from localserve.config import MODEL_DEFAULTS, ServerSettings
 from localserve.engine.engine import Engine
-from localserve.errors import DeviceNotFoundError, InvalidRequestError
+from localserve.errors import DeviceNotFoundError, InvalidRequestError, UnsupportedDeviceError
 from localserve.models import plan as plan_module
 from localserve.models.catalog import ModelOptions, load_catalog, option_layers
 from localserve.models.fit import GIB, Memory
@@ -93,8 +94,8 @@ def test_bad_options_in_the_config_file_name_the_file(user_catalog: Path, option
 
 @pytest.mark.skipif(not CPU_BUILD, reason="this llama-cpp-python build has GPU offload")
 def test_gpu_asked_for_on_a_cpu_build(user_catalog: Path) -> None:
-    for settings in (ServerSettings(n_gpu_layers=4), ServerSettings(n_gpu_layers="all"), ServerSettings(device="gpu")):
-        with pytest.raises(DeviceNotFoundError, match="no GPU support; present: CPU") as exc:
+    for settings in (ServerSettings(n_gpu_layers=4), ServerSettings(n_gpu_layers="all")):
+        with pytest.raises(DeviceNotFoundError, match="no GPU support; present: cpu") as exc:
             check_gpu_request("m", resolve_options("m", settings), gpu_offload=False)
         assert exc.value.status == 400
     for settings in (ServerSettings(), ServerSettings(n_gpu_layers=0), ServerSettings(n_gpu_layers="auto")):
@@ -104,6 +105,18 @@ def test_gpu_asked_for_on_a_cpu_build(user_catalog: Path) -> None:
         resolve_options("m", ServerSettings()), n_gpu_layers=20, sources={"n_gpu_layers": "catalog"}
     )
     check_gpu_request("m", options, gpu_offload=False)
+    for device in ("gpu", "GPU.1", "cuda"):  # the device name goes through llama.cpp's resolver
+        with pytest.raises(DeviceNotFoundError, match="llama.cpp sees no such device here; present: cpu"):
+            place(resolve_options("m", ServerSettings(device=device)).device)
+
+
+def test_device_names_have_one_spelling_and_a_clear_error(user_catalog: Path) -> None:
+    assert resolve_options("m", ServerSettings(device="GPU.1")).device == "gpu:1"
+    with pytest.raises(UnsupportedDeviceError, match="model 'm': unknown device 'tpu'; use one of: auto, cpu"):
+        resolve_options("m", ServerSettings(device="tpu"))
+    write_catalog(user_catalog, [{"id": "m", "options": {"device": "DML"}}])
+    options = resolve_options("m", ServerSettings())
+    assert (options.device, options.sources["device"]) == ("directml", "config")
 
 
 # ---- through real loads ------------------------------------------------------------------

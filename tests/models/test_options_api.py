@@ -65,6 +65,10 @@ def test_load_options_and_the_effective_options_everywhere(
         assert again.status_code == 400 and "unload it first" in again.json()["error"]["message"]
         bad = http.post("/api/v1/load", json={"model": "tiny-c", "options": {"n_gpu_layers": "lots"}})
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+        unknown = http.post("/api/v1/load", json={"model": "tiny-c", "options": {"device": "tpu"}})
+        assert unknown.status_code == 400 and "use one of: auto, cpu, gpu, gpu:N, npu" in unknown.text
+        npu = http.post("/api/v1/load", json={"model": "tiny-c", "options": {"device": "NPU"}}).json()["error"]
+        assert npu["code"] == "unsupported_device" and "llama.cpp cannot run on 'npu'" in npu["message"]
         assert http.post(CHAT, json={"model": "tiny-b", "messages": [{"role": "user", "content": "Hi"}],
                                      "max_tokens": 2, "keep_alive": -1}).status_code == 200  # fmt: skip
 

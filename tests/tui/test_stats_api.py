@@ -70,7 +70,7 @@ async def test_devices_appear_once_probed_off_the_event_loop() -> None:
                 break
             await asyncio.sleep(0.1)
     by_backend = {d["backend"]: d for d in devices}
-    assert by_backend["llamacpp"]["devices"] == ["CPU"] and "onnx" in by_backend and "openvino" in by_backend
+    assert by_backend["llamacpp"]["devices"] == ["cpu"] and "onnx" in by_backend and "openvino" in by_backend
 
 
 async def test_stream_sends_a_snapshot_per_interval() -> None:

@@ -9,11 +9,9 @@ ones, padding-free; each sequence samples with its own sampler chain.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
 import os
-import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +20,11 @@ import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
+from localserve.backends.llamacpp.devices import init_llama, place
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
-from localserve.errors import BackendError, DeviceNotFoundError, InvalidRequestError, LocalServeError
+from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -54,40 +53,11 @@ class LlamaCppConfig:
     kv_unified: bool = False  # one KV pool even when n_ctx*parallel cells fit (see _open_context)
     batch_tokens: int = 512  # token budget of one step
     n_threads: int = 0  # 0: all cores
-    device: str = "auto"  # auto | cpu | gpu
-    n_gpu_layers: int = -1  # with device gpu/auto-on-GPU: layers to offload, -1 all
+    device: str = "auto"  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, cuda, vulkan, ...
+    n_gpu_layers: int = -1  # on a GPU: layers to offload, -1 all
     cache_type_k: str = "f16"  # KV cache element types (kv_types.KV_CACHE_TYPES); a quantized V needs flash attention
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
-
-
-_init_lock = threading.Lock()
-_log_callback = None  # must stay referenced for the life of the process
-
-
-def _init_llama() -> None:
-    global _log_callback
-    with _init_lock:
-        if _log_callback is not None:
-            return
-        llama_cpp.llama_backend_init()
-
-        @llama_cpp.llama_log_callback
-        def forward(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-            log.debug("llama.cpp: %s", text.decode("utf-8", errors="replace").rstrip())
-
-        _log_callback = forward
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        # Native code may still log while the interpreter finalizes (static
-        # destructors, threads of contexts freed late); a Python callback then
-        # aborts the process. Hand logging back to llama.cpp's own (a NULL
-        # callback) before that.
-        atexit.register(llama_cpp.llama_log_set, llama_cpp.llama_log_callback(), ctypes.c_void_p(0))
-
-
-def available_devices() -> list[str]:
-    _init_llama()
-    return ["CPU", "GPU"] if llama_cpp.llama_supports_gpu_offload() else ["CPU"]
 
 
 class LlamaCppBackend(GenerativeBackend):
@@ -103,14 +73,15 @@ class LlamaCppBackend(GenerativeBackend):
     _n_ctx_train: int
 
     def __init__(self, config: LlamaCppConfig) -> None:
-        _init_llama()
+        init_llama()
         path = Path(config.model_path)
         if not path.is_file():
             raise LocalServeError(f"model file not found: {path}")
         self.config = config
-        n_gpu_layers, self._device = _resolve_device(config)
+        placement = place(config.device)
+        self._device = placement.label
         model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
+        placement.apply(model_params, config.n_gpu_layers)
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
@@ -315,22 +286,3 @@ def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChu
             sample_at.append((chunk, k - 1))
     b.n_tokens = k
     return sample_at
-
-
-def _resolve_device(config: LlamaCppConfig) -> tuple[int, str]:
-    """(n_gpu_layers, device name) for the requested device."""
-    device = config.device.lower()
-    gpu = bool(llama_cpp.llama_supports_gpu_offload())
-    if device in ("cpu",):
-        return 0, "CPU"
-    if device in ("gpu", "cuda", "vulkan", "metal", "rocm"):
-        if not gpu:
-            raise DeviceNotFoundError(
-                f"device {config.device!r} was asked for, but this llama-cpp-python build has no GPU support; "
-                f"present: {', '.join(available_devices())}. Use --device cpu, or reinstall llama-cpp-python "
-                "with CMAKE_ARGS=-DGGML_CUDA=on (or Vulkan/Metal)."
-            )
-        return config.n_gpu_layers, "GPU"
-    if device == "auto":
-        return (config.n_gpu_layers, "GPU") if gpu else (0, "CPU")
-    raise DeviceNotFoundError(f"unknown device {config.device!r} for llama.cpp; use auto, cpu or gpu")

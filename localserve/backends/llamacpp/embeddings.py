@@ -20,7 +20,7 @@ import llama_cpp
 import numpy as np
 
 from localserve.backends.base import BackendInfo, OneShotBackend
-from localserve.backends.llamacpp.backend import _init_llama, _resolve_device
+from localserve.backends.llamacpp.devices import init_llama, place
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.errors import BackendError, ContextLengthError, InvalidRequestError, LocalServeError
 
@@ -46,7 +46,7 @@ class LlamaEmbeddingConfig:
     batch_tokens: int = 512  # tokens of one llama_decode (also the longest input); attention over them is quadratic
     max_seqs: int = 64  # sequences of one llama_decode
     n_threads: int = 0  # 0: all cores
-    device: str = "auto"  # auto | cpu | gpu
+    device: str = "auto"  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, cuda, ...
     n_gpu_layers: int = -1
     pooling: str = "model"  # model | mean | cls | last
     normalize: bool | None = None  # None: as the GGUF says (default yes)
@@ -66,16 +66,17 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
     max_input_tokens: int
 
     def __init__(self, config: LlamaEmbeddingConfig) -> None:
-        _init_llama()
+        init_llama()
         path = Path(config.model_path)
         if not path.is_file():
             raise LocalServeError(f"model file not found: {path}")
         if config.pooling not in POOLING:
             raise InvalidRequestError(f"unknown pooling {config.pooling!r}; use one of {', '.join(POOLING)}")
         self.config = config
-        n_gpu_layers, self._device = _resolve_device(config)  # type: ignore[arg-type]
+        placement = place(config.device)
+        self._device = placement.label
         model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
+        placement.apply(model_params, config.n_gpu_layers)
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")

@@ -1,6 +1,7 @@
 """The ONNX Runtime backend: a decoder-only model exported to ONNX with past
 key/values (optimum-onnx `text-generation-with-past`, or `localserve export
---to onnx`), on the CPU, CUDA or DirectML execution provider.
+--to onnx`), on any execution provider onnxruntime has here (providers.py
+picks it from the device name).
 
 KV handling, batching and sampling live in kv_decoder.py (shared with
 OpenVINO); this module opens the session and runs the graph.
@@ -21,15 +22,8 @@ from localserve.backends.kv_decoder import (
     plan_capacity,
     read_model_config,
 )
-from localserve.errors import DeviceNotFoundError, LocalServeError
-
-#: device name -> execution provider, best first for `auto`.
-PROVIDERS = {
-    "cuda": "CUDAExecutionProvider",
-    "directml": "DmlExecutionProvider",
-    "cpu": "CPUExecutionProvider",
-}
-_DEVICE_NAMES = {"CUDAExecutionProvider": "CUDA", "DmlExecutionProvider": "DirectML", "CPUExecutionProvider": "CPU"}
+from localserve.backends.onnx.providers import label, session_providers
+from localserve.errors import LocalServeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,35 +36,7 @@ class OnnxConfig:
     kv_tokens: int = 0  # 0: parallel * n_ctx, memory permitting
     batch_tokens: int = 512
     n_threads: int = 0  # 0: onnxruntime's default (all cores)
-    device: str = "auto"  # auto | cpu | cuda | directml
-
-
-def available_devices() -> list[str]:
-    """The devices onnxruntime can run on here, best first."""
-    import onnxruntime as ort
-
-    present = set(ort.get_available_providers())
-    return [_DEVICE_NAMES[p] for p in PROVIDERS.values() if p in present]
-
-
-def resolve_provider(device: str, present: list[str]) -> str:
-    """The execution provider for `device`; DeviceNotFoundError names the present ones."""
-    name = device.lower()
-    if name == "auto":
-        return next(p for p in PROVIDERS.values() if p in present or p == "CPUExecutionProvider")
-    if name in ("gpu", "dml"):
-        name = "cuda" if "CUDAExecutionProvider" in present else "directml"
-    if name not in PROVIDERS:
-        raise DeviceNotFoundError(f"unknown device {device!r} for onnxruntime; use auto, cpu, cuda or directml")
-    provider = PROVIDERS[name]
-    if provider not in present:
-        devices = ", ".join(_DEVICE_NAMES.get(p, p) for p in present if p in _DEVICE_NAMES) or "none"
-        hint = {"cuda": "pip install onnxruntime-gpu", "directml": "pip install onnxruntime-directml (Windows)"}
-        raise DeviceNotFoundError(
-            f"device {device!r} was asked for, but onnxruntime has no {provider} here; present: {devices}. "
-            f"Use --device cpu, or {hint.get(name, 'install an onnxruntime build with it')}."
-        )
-    return provider
+    device: str = "auto"  # a device name (backends/device_names.py); providers.py maps it
 
 
 def model_file(path: Path) -> Path:
@@ -89,16 +55,17 @@ class OnnxBackend(KvDecoderBackend):
 
         path = model_file(Path(config.model_path))
         self.config = config
-        self._provider = resolve_provider(config.device, ort.get_available_providers())
+        providers = session_providers(config.device, ort.get_available_providers())
+        self._device = label(providers)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = max(0, config.n_threads)
         options.log_severity_level = 3
-        if self._provider == "DmlExecutionProvider":  # DirectML needs both off
+        if self._device.startswith("DirectML"):  # DirectML needs both off
             options.enable_mem_pattern = False
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         try:
-            self._session = ort.InferenceSession(str(path), options, providers=[self._provider])
+            self._session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise LocalServeError(f"onnxruntime could not load {path}: {exc}") from exc
         inputs = {i.name: (list(i.shape), i.type) for i in self._session.get_inputs()}
@@ -124,7 +91,7 @@ class OnnxBackend(KvDecoderBackend):
     def info(self) -> BackendInfo:
         return BackendInfo(
             backend="onnx",
-            device=_DEVICE_NAMES.get(self._provider, self._provider),
+            device=self._device,
             model_path=self.config.model_path,
             architecture=str(self._model_config.get("model_type", "")),
             n_ctx_train=int(self._model_config.get("max_position_embeddings") or 0),

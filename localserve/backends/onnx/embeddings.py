@@ -16,20 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from localserve.backends.base import BackendInfo, OneShotBackend
-from localserve.errors import ContextLengthError, DeviceNotFoundError, InvalidRequestError, LocalServeError
+from localserve.backends.onnx.providers import label, session_providers
+from localserve.errors import ContextLengthError, InvalidRequestError, LocalServeError
 
 TokenIds = tuple[int, ...]
-
-PROVIDERS = {  # our device names -> ONNX Runtime execution providers, best first
-    "gpu": ("CUDAExecutionProvider", "DmlExecutionProvider"),
-    "cpu": ("CPUExecutionProvider",),
-}
 
 
 @dataclass(frozen=True, slots=True)
 class OnnxEmbeddingConfig:
     model_path: str  # the .onnx file; its tokenizer is `<stem>.tokenizer.json` beside it
-    device: str = "auto"  # auto | cpu | gpu
+    device: str = "auto"  # a device name (backends/device_names.py); providers.py maps it
     n_threads: int = 0  # 0: all cores
     max_input_tokens: int = 512
 
@@ -101,12 +97,12 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
                 f"{path} and its tokenizer {tokenizer_file.name} are needed; run `localserve convert`"
             )
         self.config = config
-        providers = _providers(config.device, ort.get_available_providers())
+        providers = session_providers(config.device, ort.get_available_providers())
         options = ort.SessionOptions()
         options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(path), options, providers=providers)
-        self._device = "CPU" if providers[0] == "CPUExecutionProvider" else "GPU"
+        self._device = label(providers)
         self._open_tokenizer(tokenizer_file, config.max_input_tokens)
         self.n_embd = int(self._session.get_outputs()[0].shape[-1])
 
@@ -125,17 +121,3 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
 
     def close(self) -> None:
         self._session = None
-
-
-def _providers(device: str, available: list[str]) -> list[str]:
-    device = device.lower()
-    if device not in ("auto", "cpu", "gpu"):
-        raise DeviceNotFoundError(f"unknown device {device!r} for ONNX Runtime; use auto, cpu or gpu")
-    gpus = [p for p in PROVIDERS["gpu"] if p in available]
-    if device == "gpu" and not gpus:
-        raise DeviceNotFoundError(
-            f"device 'gpu' was asked for, but ONNX Runtime has no GPU provider; present: {', '.join(available)}"
-        )
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    return [*gpus, "CPUExecutionProvider"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from localserve.backends.base import BackendInfo
+from localserve.backends.device_names import AUTO, CPU, GPU, NPU, DeviceTable, Present
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.kv_decoder import (
     CallShape,
@@ -35,10 +36,14 @@ from localserve.backends.openvino.static import (
     static_input_shapes,
 )
 from localserve.engine.types import SeqChunk
-from localserve.errors import DeviceNotFoundError, LocalServeError
+from localserve.errors import LocalServeError
 
-#: `auto` takes the first present device of this order.
-DEVICE_ORDER = ("NPU", "GPU", "CPU")
+OPENVINO = DeviceTable(
+    "OpenVINO",
+    accepts=(AUTO, CPU, GPU, NPU),
+    auto=(NPU, GPU, CPU),  # the first present
+    hint="NPU and GPU need Intel's drivers installed.",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,32 +56,34 @@ class OpenVinoConfig:
     kv_tokens: int = 0  # 0: parallel * n_ctx, memory permitting
     batch_tokens: int = 512
     n_threads: int = 0  # 0: OpenVINO's default
-    device: str = "auto"  # auto | NPU | GPU | CPU (also GPU.1 etc.)
+    device: str = "auto"  # a device name (backends/device_names.py): auto (NPU > GPU > CPU), cpu, gpu, gpu:N, npu
     precision: str = ""  # INFERENCE_PRECISION_HINT: "" (device default), f32, f16, bf16
     static_shapes: bool | None = None  # None: on the NPU only (openvino_static.py); True forces them (tests)
 
 
 def available_devices() -> list[str]:
+    """OpenVINO's names of the devices it sees (CPU, GPU.0, NPU)."""
     import openvino as ov
 
     return list(ov.Core().available_devices)
 
 
-def resolve_device(device: str, present: list[str]) -> str:
-    """The OpenVINO device for `device`; DeviceNotFoundError names the present ones."""
-    wanted = device.upper()
-    if wanted == "AUTO":
-        for kind in DEVICE_ORDER:
-            match = next((d for d in present if d.split(".")[0] == kind), None)
-            if match is not None:
-                return match
-        raise DeviceNotFoundError(f"OpenVINO sees no device here (present: {', '.join(present) or 'none'})")
-    if wanted in present or (wanted in DEVICE_ORDER and any(d.split(".")[0] == wanted for d in present)):
-        return wanted
-    raise DeviceNotFoundError(
-        f"device {device!r} was asked for, but OpenVINO sees only: {', '.join(present) or 'none'}. "
-        "Use --device auto or one of those (NPU and GPU need their drivers installed)."
-    )
+def present_devices(available: list[str]) -> list[Present]:
+    """OpenVINO's devices under our names (GPU.1 -> gpu:1, a lone GPU -> gpu), best first."""
+    present = []
+    for kind in OPENVINO.auto:
+        for runtime in sorted(d for d in available if d.split(".")[0].lower() == kind):
+            _, dot, number = runtime.partition(".")
+            name = f"{kind}:{number}" if dot else kind
+            present.append(Present(name, runtime, frozenset({kind}), int(number) if dot else 0))
+    return present
+
+
+def resolve_device(device: str, available: list[str]) -> str:
+    """OpenVINO's name of the device for a device name (`gpu:1` -> "GPU.1");
+    UnsupportedDeviceError or DeviceNotFoundError name what it sees."""
+    _, found = OPENVINO.resolve(device, present_devices(available))
+    return found[0].runtime
 
 
 def model_file(path: Path) -> Path:

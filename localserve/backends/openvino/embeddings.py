@@ -29,7 +29,7 @@ NPU_BATCH, NPU_TOKENS = 8, 256
 @dataclass(frozen=True, slots=True)
 class OpenVinoEmbeddingConfig:
     model_path: str  # the .xml; its tokenizer is `<stem>.tokenizer.json` beside it
-    device: str = "auto"  # auto (NPU > GPU > CPU) | cpu | gpu | npu
+    device: str = "auto"  # a device name (backends/device_names.py): auto (NPU > GPU > CPU), cpu, gpu, gpu:N, npu
     n_threads: int = 0  # 0: OpenVINO's default
     max_input_tokens: int = 512
     precision: str = ""  # INFERENCE_PRECISION_HINT: "" (the device's default), f32, f16, bf16

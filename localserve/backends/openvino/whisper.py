@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class OpenVinoWhisperConfig:
     model_path: str  # an IR folder with openvino_encoder_model.xml, openvino_decoder_model.xml, ...
-    device: str = "auto"  # auto (NPU > GPU > CPU) | NPU | GPU | CPU
+    device: str = "auto"  # a device name (backends/device_names.py): auto (NPU > GPU > CPU), cpu, gpu, gpu:N, npu
     n_threads: int = 0  # 0: OpenVINO's default (CPU only)
     precision: str = ""  # INFERENCE_PRECISION_HINT: "" (device default; bf16 on some CPUs), f32, f16
 

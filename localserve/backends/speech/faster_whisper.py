@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from localserve.backends.base import BackendInfo, OneShotBackend
+from localserve.backends.device_names import AUTO, CPU, GPU, DeviceTable, Present
 from localserve.backends.speech.common import (
     FRAMES_PER_S,
     SAMPLE_RATE,
@@ -30,7 +31,7 @@ from localserve.backends.speech.common import (
     Transcript,
     Word,
 )
-from localserve.errors import DeviceNotFoundError, InvalidRequestError, LocalServeError
+from localserve.errors import InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,24 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class WhisperConfig:
     model_path: str
-    device: str = "auto"  # auto | cpu | gpu
+    device: str = "auto"  # a device name (backends/device_names.py): auto (CUDA > CPU), cpu, gpu, gpu:N, cuda
     compute_type: str = "int8"  # CTranslate2 quantization on CPU
     n_threads: int = 0  # 0: all cores
     beam_size: int = 1  # greedy: batching pays most; raise for accuracy
+
+
+CTRANSLATE2 = DeviceTable(
+    "faster-whisper",
+    accepts=(AUTO, CPU, GPU, "cuda"),
+    auto=(GPU, CPU),
+    hint="CTranslate2 runs on NVIDIA GPUs through CUDA only (CUDA 12 and cuDNN 9 installed).",
+)
+
+
+def present_devices(cuda_devices: int) -> list[Present]:
+    """CTranslate2's CUDA devices (gpu:N, also cuda:N), then the CPU."""
+    gpus = [Present(f"gpu:{i}", "cuda", frozenset({GPU, "cuda"}), i) for i in range(cuda_devices)]
+    return [*gpus, Present(CPU, "cpu", frozenset({CPU}))]
 
 
 class FasterWhisperBackend(OneShotBackend[AudioWindow, list[Segment]]):
@@ -54,20 +69,14 @@ class FasterWhisperBackend(OneShotBackend[AudioWindow, list[Segment]]):
         path = Path(config.model_path)
         if not (path / "model.bin").is_file():
             raise LocalServeError(f"{path} is not a CTranslate2 Whisper model folder (no model.bin)")
-        device = config.device.lower()
-        has_cuda = ctranslate2.get_cuda_device_count() > 0
-        if device in ("gpu", "cuda") and not has_cuda:
-            raise DeviceNotFoundError(
-                f"device {config.device!r} was asked for, but CTranslate2 sees no CUDA GPU; present: CPU"
-            )
-        if device not in ("auto", "cpu", "gpu", "cuda"):
-            raise DeviceNotFoundError(f"unknown device {config.device!r} for faster-whisper; use auto, cpu or gpu")
-        use_cuda = device in ("gpu", "cuda") or (device == "auto" and has_cuda)
-        self._device = "CUDA" if use_cuda else "CPU"
+        wanted, found = CTRANSLATE2.resolve(config.device, present_devices(ctranslate2.get_cuda_device_count()))
+        use_cuda = CPU not in found[0].kinds
+        self._device = "CPU" if not use_cuda else "CUDA" if wanted.index is None else f"CUDA:{wanted.index}"
         self.config = config
         self.model = WhisperModel(
             str(path),
             device="cuda" if use_cuda else "cpu",
+            device_index=found[0].index or 0,
             compute_type="default" if use_cuda else config.compute_type,
             cpu_threads=config.n_threads or os.cpu_count() or 1,
         )

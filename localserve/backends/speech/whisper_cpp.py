@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from localserve.backends.base import BackendInfo
+from localserve.backends.device_names import AUTO, CPU, DeviceTable, Present
 from localserve.backends.speech.common import WINDOW_S, Segment, Word
 from localserve.backends.speech.windows import SampleWindow, SampleWindowBackend, WindowTranscript, compression_ratio
-from localserve.errors import DeviceNotFoundError, LocalServeError
+from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,14 @@ _load_lock = threading.Lock()
 @dataclass(frozen=True, slots=True)
 class WhisperCppConfig:
     model_path: str  # a ggml model file: a path, never a bare name (pywhispercpp would download it)
-    device: str = "auto"  # the PyPI wheel is built for the CPU only
+    device: str = "auto"  # a device name (backends/device_names.py); auto or cpu: the PyPI wheel is CPU-only
     n_threads: int = 0  # 0: all cores
+
+
+#: The PyPI wheel of pywhispercpp is built for the CPU only.
+WHISPER_CPP = DeviceTable(
+    "whisper.cpp (this pywhispercpp build runs on the CPU only)", accepts=(AUTO, CPU), auto=(CPU,)
+)
 
 
 class WhisperCppBackend(SampleWindowBackend):
@@ -50,10 +57,7 @@ class WhisperCppBackend(SampleWindowBackend):
     def __init__(self, config: WhisperCppConfig) -> None:
         import _pywhispercpp as pw
 
-        if config.device.lower() not in ("auto", "cpu"):
-            raise DeviceNotFoundError(
-                f"device {config.device!r} was asked for, but this whisper.cpp build runs on the CPU only; present: CPU"
-            )
+        WHISPER_CPP.resolve(config.device, [Present(CPU, "cpu", frozenset({CPU}))])
         path = Path(config.model_path)
         if not path.is_file():
             raise LocalServeError(f"whisper.cpp model file not found: {path}")

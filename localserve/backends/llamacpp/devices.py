@@ -1,0 +1,154 @@
+"""What llama.cpp runs on: its one-time initialisation, the devices ggml
+sees, and where a device name puts a model's layers.
+
+llama-cpp-python 0.3.36 has no Python binding for ggml's device API, but
+the ggml library it loads exports it (`ggml_backend_dev_count/get/type/
+name/description/memory`, see ggml-backend.h). A GPU is a ggml device of
+type GPU or IGPU; `gpu:N` counts those in registry order, which is the
+order llama.cpp's `main_gpu` counts in.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+
+import llama_cpp
+
+from localserve.backends.device_names import AUTO, CPU, GPU, DeviceTable, Present
+
+log = logging.getLogger(__name__)
+
+#: ggml device names start with their API: CUDA0, ROCm0, Vulkan0, Metal.
+_API_PREFIXES = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}
+_GGML_GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: CPU=0, GPU=1, IGPU=2, ACCEL=3, META=4
+
+LLAMACPP = DeviceTable(
+    "llama.cpp",
+    accepts=(AUTO, CPU, GPU, *_API_PREFIXES),
+    auto=(GPU, CPU),
+    hint="A GPU needs a llama-cpp-python build with GPU support: reinstall it with CMAKE_ARGS=-DGGML_CUDA=on "
+    "(or Vulkan/Metal; see README).",
+)
+
+_init_lock = threading.Lock()
+_log_callback = None  # must stay referenced for the life of the process
+
+
+def init_llama() -> None:
+    """Initialise llama.cpp once per process and route its log to ours."""
+    global _log_callback
+    with _init_lock:
+        if _log_callback is not None:
+            return
+        llama_cpp.llama_backend_init()
+
+        @llama_cpp.llama_log_callback
+        def forward(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            log.debug("llama.cpp: %s", text.decode("utf-8", errors="replace").rstrip())
+
+        _log_callback = forward
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        # Native code may still log while the interpreter finalizes (static
+        # destructors, threads of contexts freed late); a Python callback then
+        # aborts the process. Hand logging back to llama.cpp's own (a NULL
+        # callback) before that.
+        atexit.register(llama_cpp.llama_log_set, llama_cpp.llama_log_callback(), ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True, slots=True)
+class GgmlDevice:
+    """One device of ggml's registry."""
+
+    name: str  # CPU, CUDA0, Vulkan1, Metal
+    description: str  # the hardware: "NVIDIA H200", the CPU model
+    type: int  # enum ggml_backend_dev_type
+    free: int  # bytes
+    total: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.type in _GGML_GPU_TYPES
+
+
+def ggml_devices() -> list[GgmlDevice]:
+    """Every device llama.cpp sees, in registry order (initialises llama.cpp)."""
+    init_llama()
+    lib = _ggml()
+    out = []
+    for index in range(lib.ggml_backend_dev_count()):
+        device = lib.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        name = (lib.ggml_backend_dev_name(device) or b"?").decode()
+        description = (lib.ggml_backend_dev_description(device) or b"").decode()
+        out.append(GgmlDevice(name, description, int(lib.ggml_backend_dev_type(device)), free.value, total.value))
+    return out
+
+
+def present_devices(devices: list[GgmlDevice] | None = None) -> list[Present]:
+    """The GPUs (`gpu:N`, also named by their API) then the CPU, under our names."""
+    if devices is None:
+        init_llama()
+        devices = ggml_devices() if llama_cpp.llama_supports_gpu_offload() else []
+    gpus = [d for d in devices if d.is_gpu]
+    present = []
+    for index, gpu in enumerate(gpus):
+        apis = {api for api, prefix in _API_PREFIXES.items() if gpu.name.startswith(prefix)}
+        present.append(Present(f"gpu:{index}", gpu.name, frozenset({GPU, *apis}), index, gpu.description))
+    present.append(Present(CPU, "CPU", frozenset({CPU})))
+    return present
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a model's layers go."""
+
+    use_gpu: bool
+    main_gpu: int | None  # one GPU only (split mode none); None: layers split over every GPU
+    label: str  # BackendInfo.device: CPU, GPU, GPU:1
+
+    def apply(self, params: llama_cpp.llama_model_params, n_gpu_layers: int) -> None:
+        """Fill llama.cpp's model parameters: layers offloaded, which GPU."""
+        params.n_gpu_layers = n_gpu_layers if self.use_gpu else 0
+        if self.main_gpu is not None:
+            params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+            params.main_gpu = self.main_gpu
+
+
+def place(device: str, present: list[Present] | None = None) -> Placement:
+    """The placement for a device name; UnsupportedDeviceError or
+    DeviceNotFoundError (both 400) name what llama.cpp can use here."""
+    wanted, found = LLAMACPP.resolve(device, present_devices() if present is None else present)
+    if CPU in found[0].kinds:
+        return Placement(False, None, "CPU")
+    if wanted.index is None:  # llama.cpp's default: the layers split over every GPU
+        return Placement(True, None, "GPU")
+    return Placement(True, found[0].index, f"GPU:{found[0].index}")
+
+
+def available_devices() -> list[str]:
+    """Our names of what llama.cpp can run on here, best first for `auto`."""
+    return [p.name for p in present_devices()]
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    from llama_cpp._ggml import libggml as lib
+
+    ptr, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, result in (
+        ("ggml_backend_dev_count", [], size),
+        ("ggml_backend_dev_get", [size], ptr),
+        ("ggml_backend_dev_type", [ptr], ctypes.c_int),
+        ("ggml_backend_dev_name", [ptr], ctypes.c_char_p),
+        ("ggml_backend_dev_description", [ptr], ctypes.c_char_p),
+        ("ggml_backend_dev_memory", [ptr, ctypes.POINTER(size), ctypes.POINTER(size)], None),
+    ):
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+    return lib  # type: ignore[no-any-return]
