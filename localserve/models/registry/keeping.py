@@ -126,8 +126,11 @@ class Keeper:
 
     async def _wait_for_change(self, timeout: float) -> None:
         # Cleared after waking, so that a change made while the caller was busy is not lost.
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that
+        # arrives as the event is set, and the reaper would then never stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
         self._changed.clear()
 
 

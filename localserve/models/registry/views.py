@@ -21,13 +21,16 @@ class RegistryViews:
 
     @property
     def loaded(self) -> dict[str, LoadedModel]:
-        """The loaded generative models, by id."""
-        return {i: r.model for i, r in list(self.records.items()) if isinstance(r.model, LoadedModel)}
+        """The generative models that serve, by id."""
+        return {i: m for i, m in self._serving().items() if isinstance(m, LoadedModel)}
 
     @property
     def oneshot(self) -> dict[str, LoadedOneShot]:
-        """The loaded embeddings and speech models, by id."""
-        return {i: r.model for i, r in list(self.records.items()) if isinstance(r.model, LoadedOneShot)}
+        """The embeddings and speech models that serve, by id."""
+        return {i: m for i, m in self._serving().items() if isinstance(m, LoadedOneShot)}
+
+    def _serving(self) -> dict[str, LoadedModel | LoadedOneShot]:
+        return {i: r.model for i, r in list(self.records.items()) if r.state == LOADED and r.model is not None}
 
     @property
     def loading(self) -> list[str]:
@@ -35,16 +38,18 @@ class RegistryViews:
         return sorted(i for i, r in list(self.records.items()) if r.state in (PENDING, LOADING))
 
     def is_loaded(self, model_id: str) -> bool:
+        """`model_id` serves (loaded, not unloading)."""
         record = self.records.get(model_id)
-        return record is not None and record.model is not None
+        return record is not None and record.state == LOADED
 
     def get(self, model_id: str) -> LoadedModel:
         """A loaded generative model; 400 for another kind, 503 while it loads, else 404."""
         record = self.records.get(model_id)
-        if record is not None and isinstance(record.model, LoadedModel):
-            return record.model
-        if record is not None and isinstance(record.model, LoadedOneShot):
-            kind = record.model.kind
+        model = record.model if record is not None and record.state == LOADED else None
+        if isinstance(model, LoadedModel):
+            return model
+        if isinstance(model, LoadedOneShot):
+            kind = model.kind
             route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
             raise InvalidRequestError(f"model {model_id!r} is a {kind} model; use {route}", param="model")
         if record is not None and record.state in (PENDING, LOADING):
@@ -57,7 +62,7 @@ class RegistryViews:
     def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
         """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
         record = self.records.get(model_id)
-        model = record.model if record is not None else None
+        model = record.model if record is not None and record.state == LOADED else None
         if isinstance(model, LoadedOneShot) and model.kind == kind:
             return model
         if model is not None:
