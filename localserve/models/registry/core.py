@@ -263,8 +263,8 @@ class ModelRegistry(RegistryViews):
         try:
             if on_demand:
                 await self.keeper.make_room(record)
+                log.info("loading %s (%s) on demand", record.model_id, record.kind)
             record.state = LOADING
-            log.info("loading %s (%s)", record.model_id, record.kind)
             record.model = await self._install(record.spec)
         except BaseException:
             if self.records.get(record.model_id) is record:
