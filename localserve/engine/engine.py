@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,7 @@ class Engine:
         self._models: dict[str, _Model] = {}
         self._request_ids = itertools.count()
         self._draining = False
+        self._wrap: Callable[[GenerativeBackend], GenerativeBackend] | None = None
 
     # ---- models --------------------------------------------------------------
 
@@ -117,9 +118,17 @@ class Engine:
         """Start serving `backend` as `model_id` (call from the event loop)."""
         if model_id in self._models:
             raise ValueError(f"model {model_id!r} is already loaded")
+        if self._wrap is not None:
+            backend = self._wrap(backend)
         model = _Model(model_id, backend, config or self.config)
         model.worker.start()
         self._models[model_id] = model
+
+    def wrap_backends(self, wrap: Callable[[GenerativeBackend], GenerativeBackend]) -> None:
+        """Serve every model added from now on through `wrap(backend)`, which
+        must delegate to it: the debug fault route wraps them in
+        `engine.faults.FaultInjectingBackend`. `backend()` returns the wrapper."""
+        self._wrap = wrap
 
     async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
         """Stop a model's worker (in-flight requests end with an error) and
@@ -196,7 +205,7 @@ class Engine:
                 "Shorten the prompt or restart with a larger --ctx-size.",
                 param="messages",
             )
-        num_waiting = len(model.streams) - model.capacity.max_num_seqs
+        num_waiting = model.worker.num_waiting  # as the scheduler counts them
         if num_waiting >= model.config.max_queue:
             raise QueueFullError(
                 f"model {model_id!r} has {num_waiting} requests waiting (limit {model.config.max_queue}); retry shortly",
@@ -251,10 +260,6 @@ class Engine:
     def latency_histograms(self) -> dict[str, dict[str, dict[str, Histogram]]]:
         """Model -> priority class -> `ttft` / `queue_wait` / `itl` -> cumulative histogram."""
         return {model_id: model.stats.histograms() for model_id, model in self._models.items()}
-
-    def set_fault_hook(self, model_id: str, hook: Any) -> None:
-        """Test hook: `hook(batch)` runs inside each step and may raise."""
-        self._model(model_id).worker.fault_hook = hook
 
 
 def _ended(stream: RequestStream, request_id: str, reason: FinishReason, error: str | None = None) -> TokenEvent:

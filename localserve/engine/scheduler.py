@@ -87,16 +87,13 @@ def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
 
 @dataclass(slots=True)
 class SchedulerCounters:
-    """Monotonic counters; rates are derived by the engine."""
+    """Monotonic counters, read by the step worker for the model's stats
+    (rates and the prefix-cache hit rate are derived there)."""
 
-    num_steps: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     num_preemptions: int = 0
-    num_finished: int = 0
-    last_batch_size: int = 0  # sequences in the last step
-    last_batch_tokens: int = 0
 
 
 class Scheduler:
@@ -124,7 +121,11 @@ class Scheduler:
         self._running: list[Sequence] = []
         self._by_request: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
-        self._seq_ids = itertools.count()
+        self._next_seq_id = 0
+        # Waiting sequences no schedule() has seen yet (their seq ids are at
+        # least `_new_from`): the next one may still give them free slots.
+        self._num_new = 0
+        self._new_from = 0
         self._step_ids = itertools.count()
         self._released: list[int] = []
         self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
@@ -146,7 +147,7 @@ class Scheduler:
         if request.priority < self.config.batch_priority:
             self.policy.note_arrival(now)
         seq = Sequence(
-            seq_id=next(self._seq_ids),
+            seq_id=self._next_seq_id,
             request_id=request.request_id,
             token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=num_prompt,
@@ -156,9 +157,11 @@ class Scheduler:
             deadline=now + request.priority * self.config.aging_s,
             output=OutputText(request.sampling.stop),
         )
+        self._next_seq_id += 1
         self._by_request[request.request_id] = seq
         self._by_seq_id[seq.seq_id] = seq
         self._waiting.append(seq)
+        self._num_new += 1
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """End a request now (between steps). Returns its final event, or None
@@ -176,6 +179,19 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_new(self) -> int:
+        """Waiting sequences added since the last schedule(), which may yet
+        give them free slots."""
+        return self._num_new
+
+    @property
+    def num_held(self) -> int:
+        """Waiting sequences that a schedule() left waiting: for a slot, for
+        KV room, by the batch rules or the token budget, or preempted. The
+        queue, as the queue limit counts it."""
+        return len(self._waiting) - self._num_new
 
     @property
     def num_running(self) -> int:
@@ -223,6 +239,7 @@ class Scheduler:
                 num_kept = gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes))
             self._schedule_batch_decodes(batch_decodes, plan, num_kept)
         self._record_policy_step(plan)
+        self._num_new, self._new_from = 0, self._next_seq_id  # every waiting sequence was considered
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
@@ -461,12 +478,13 @@ class Scheduler:
             self._running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self._waiting.remove(seq)
+            if seq.seq_id >= self._new_from:
+                self._num_new -= 1
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self._by_request[seq.request_id]
         del self._by_seq_id[seq.seq_id]
         self._released.append(seq.seq_id)
-        self.counters.num_finished += 1
 
     def _event(
         self, seq: Sequence, token_ids: tuple[int, ...], text: str, *, logprobs=(), error: str | None = None
@@ -487,10 +505,10 @@ class Scheduler:
         return self._by_seq_id.get(seq_id)
 
     def _count_step(self, batch: StepBatch) -> None:
+        """The one prefill/decode rule (the model's stats read these counters):
+        a chunk that starts past the prompt is decode work, any other chunk
+        prompt work, counted whole."""
         c = self.counters
-        c.num_steps += 1
-        c.last_batch_size = len(batch.chunks)
-        c.last_batch_tokens = batch.num_tokens
         for chunk in batch.chunks:
             seq = self._by_request_seq(chunk.seq_id)
             is_decode = seq is not None and chunk.start_pos >= seq.num_prompt_tokens

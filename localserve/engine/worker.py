@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localserve.backends.base import GenerativeBackend
+from localserve.engine.queue_count import QueueCount
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
 from localserve.engine.stats import ModelStats, SchedulerSnapshot, SeqSnapshot
-from localserve.engine.types import FinishReason, GenerateRequest, StepBatch, TokenEvent, priority_class
+from localserve.engine.types import FinishReason, GenerateRequest, TokenEvent, priority_class
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +69,24 @@ class StepWorker:
         self.stats = stats or ModelStats()
         self.snapshot = SchedulerSnapshot()
         self.batch_policy = self.scheduler.policy.snapshot()  # what batch admission did, for stats
-        self.fault_hook: Callable[[StepBatch], None] | None = None  # tests: raise inside a step
         self._dispatch = dispatch
         self._loop = loop
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._last_snapshot = 0.0
         self.crashed: BaseException | None = None
+        self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
 
     def start(self) -> None:
         self._thread.start()
 
     def add(self, request: GenerateRequest) -> None:
+        """Queue a request (on the event loop, like `abort` and `num_waiting`)."""
+        self.queue_count.sent_add()
         self._inbox.put(_Add(request, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
+        self.queue_count.sent_abort()
         self._inbox.put(_Abort(request_id))
 
     def stop(self, timeout: float | None = None) -> None:
@@ -92,6 +96,12 @@ class StepWorker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests that wait for a slot, as the scheduler counts them
+        (`engine/queue_count.py`); read on the event loop."""
+        return self.queue_count.num_waiting
 
     # ---- the loop ------------------------------------------------------------
 
@@ -124,6 +134,7 @@ class StepWorker:
                 if isinstance(message, _Add):
                     events.extend(self._add(message))
                 elif isinstance(message, _Abort):
+                    self.queue_count.took_abort()
                     event = self.scheduler.abort(message.request_id)
                     if event is not None:
                         events.append(event)
@@ -131,11 +142,13 @@ class StepWorker:
         except queue.Empty:
             pass
         finally:
+            self.queue_count.publish(self.scheduler)
             if events:
                 self._post(events)
         return True
 
     def _add(self, message: _Add) -> list[TokenEvent]:
+        self.queue_count.took_add()
         request = message.request
         try:
             self.scheduler.add(request)
@@ -146,19 +159,19 @@ class StepWorker:
 
     def _step(self) -> None:
         batch = self.scheduler.schedule()
+        self.queue_count.publish(self.scheduler)  # before the step's compute: what it left waiting
         if batch.empty:
             # Everything waits on room that a running sequence will free; never
             # spin: nothing runs, so this only happens on a scheduler bug.
             log.error("scheduler produced an empty step with work pending")
             self._fail_everything("internal error: the scheduler could not place any request")
+            self.queue_count.publish(self.scheduler)
             return
         started = time.monotonic()
         self.stats.requests_started(self._running_request_ids(), started)
         counters = self.scheduler.counters
         num_prefill, num_decode = counters.num_prefill_tokens, counters.num_decode_tokens
         try:
-            if self.fault_hook is not None:
-                self.fault_hook(batch)
             result = self.backend.execute(batch)
         except Exception as exc:
             log.exception("step %d failed", batch.step_id)
@@ -175,6 +188,7 @@ class StepWorker:
             num_seqs=len(batch.chunks),
             duration_s=time.monotonic() - started,
         )
+        self.queue_count.publish(self.scheduler)  # the slots of the sequences that ended are free
         if events:
             self._post(events)
 

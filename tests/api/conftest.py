@@ -1,16 +1,19 @@
 """Servers shared by the API tests. `server` (real SmolLM2, 16 slots, API
 key) is loaded once per session and used by nearly every test;
 `small_server` (one slot, a queue of one, a 64 KiB body limit, extra allowed
-host and origin, no key) is for the limits tests."""
+host and origin, no key, fault injection) is for the limits and failure tests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from unittest import mock
 
 import httpx
 import openai
 import pytest
 
+from localserve.api.admin.debug import ENABLE_ENV
 from tests.api.harness import API_KEY, ServerThread, make_settings
 
 
@@ -28,7 +31,8 @@ def server() -> Iterator[ServerThread]:
 @pytest.fixture(scope="session")
 def small_server() -> Iterator[ServerThread]:
     """One slot, a waiting queue of one, small body limit, no API key;
-    `llm.lan` and `https://app.example` allowed as extra host and origin."""
+    `llm.lan` and `https://app.example` allowed as extra host and origin;
+    its model runs through a `FaultInjectingBackend` (`test_errors.set_fault`)."""
     settings = make_settings(
         parallel=1,
         max_queue=1,
@@ -38,7 +42,8 @@ def small_server() -> Iterator[ServerThread]:
         allow_hosts=["llm.lan"],
         cors_origins=["https://app.example"],
     )
-    srv = ServerThread(settings).start()
+    with mock.patch.dict(os.environ, {ENABLE_ENV: "1"}):  # read when the app is built
+        srv = ServerThread(settings).start()
     try:
         srv.wait_healthy()
         yield srv

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from localserve.engine.faults import EVERY_STEP, FaultInjectingBackend
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, open_raw_stream
 
 pytestmark = pytest.mark.slow
@@ -224,20 +226,22 @@ def test_unexpected_error_is_a_500_envelope(client: openai.OpenAI, monkeypatch: 
     assert client.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=2).choices
 
 
+@dataclass(frozen=True)
 class FailAfter:
-    """A fault hook for the step thread: every step from the n-th on fails."""
+    """A fault for `set_fault`: every step from the n-th on fails."""
 
-    def __init__(self, num_good_steps: int) -> None:
-        self.num_good_steps = num_good_steps
-
-    def __call__(self, batch: object) -> None:
-        if self.num_good_steps <= 0:
-            raise RuntimeError("simulated device failure")
-        self.num_good_steps -= 1
+    num_good_steps: int
 
 
-def set_fault(srv: ServerThread, hook: FailAfter | None) -> None:
-    srv.call(lambda: srv.engine.set_fault_hook(MODEL_ID, hook))
+def set_fault(srv: ServerThread, fault: FailAfter | None) -> None:
+    """Arm (or, with None, clear) a fault in the steps of `srv`'s model: it
+    runs through a `FaultInjectingBackend` (`small_server` enables faults)."""
+    backend = srv.call(lambda: srv.engine.backend(MODEL_ID))
+    assert isinstance(backend, FaultInjectingBackend)
+    if fault is None:
+        backend.clear()
+    else:
+        backend.fail_steps(EVERY_STEP, after=fault.num_good_steps)
 
 
 def test_backend_error_before_output_is_a_500(small_server: ServerThread) -> None:
@@ -248,7 +252,7 @@ def test_backend_error_before_output_is_a_500(small_server: ServerThread) -> Non
             response = httpx.post(f"{small_server.base_url}/v1/chat/completions", json=body, timeout=30)
             error = envelope(response, 500)
             assert error["code"] == "backend_error"
-            assert "simulated device failure" in error["message"]
+            assert "injected fault" in error["message"]
     finally:
         set_fault(small_server, None)
 
@@ -272,7 +276,7 @@ def test_backend_error_mid_stream_is_an_sse_error(small_server: ServerThread) ->
         stream = sdk.chat.completions.create(
             model=MODEL_ID, messages=HELLO, max_tokens=64, stream=True, extra_body={"ignore_eos": True}
         )
-        with pytest.raises(openai.APIError, match="simulated device failure"):
+        with pytest.raises(openai.APIError, match="injected fault"):
             for _ in stream:
                 pass
     finally:

@@ -220,7 +220,7 @@ def test_failure_mid_stream_is_an_error_event(small_server: ServerThread) -> Non
     set_fault(small_server, FailAfter(4))
     try:
         stream = client.messages.stream(model=MODEL_ID, max_tokens=64, messages=QUESTION)  # type: ignore[arg-type]
-        with pytest.raises(anthropic.APIStatusError, match="simulated device failure"), stream as events:
+        with pytest.raises(anthropic.APIStatusError, match="injected fault"), stream as events:
             for _ in events:
                 pass
     finally:

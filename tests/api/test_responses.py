@@ -278,7 +278,7 @@ def test_failure_mid_stream_is_an_error_then_response_failed(small_server: Serve
         set_fault(small_server, None)
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-    assert events[-2]["code"] == "backend_error" and "simulated device failure" in events[-2]["message"]
+    assert events[-2]["code"] == "backend_error" and "injected fault" in events[-2]["message"]
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "backend_error"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

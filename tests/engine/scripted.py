@@ -4,7 +4,9 @@ The backend keeps a simulated KV cache per slot and samples every token from
 what that slot holds, as a real model would: if the scheduler's KV edits or
 positions were wrong, a request's tokens would differ from a run of it alone.
 The driver runs the step loop (docs/architecture.md) on a fake clock and checks, after
-every step, that the scheduler's view of the KV cache is the backend's. Each
+every step, that the scheduler's view of the KV cache is the backend's, and
+after every change that its queue counts (`num_new`, `num_held`: the queue
+limit's) are what a schedule() has seen. Each
 step takes `step_s` seconds, or with a `step_cost` the time that function
 gives for its tokens and sequences, and the scheduler is told so, as the
 worker tells it the measured time of a real step.
@@ -187,6 +189,7 @@ class Driver:
         self.records: dict[str, RequestRecord] = {}
         self.seq_ids: dict[str, int] = {}
         self.batches: list[StepBatch] = []
+        self.scheduled_seq_ids: set[int] = set()  # every sequence a schedule() has seen
 
     def add(self, request_id: str, prompt_token_ids: Iterable[int], *, priority: float = 1.0, **sampling) -> None:  # type: ignore[no-untyped-def]
         token_ids = list(prompt_token_ids)
@@ -194,15 +197,19 @@ class Driver:
         self.scheduler.add(request)
         self.seq_ids[request_id] = next(s.seq_id for s in self.scheduler.sequences() if s.request_id == request_id)
         self.records[request_id] = RequestRecord(len(token_ids))
+        self._check_queue()
 
     def abort(self, request_id: str) -> TokenEvent | None:
         event = self.scheduler.abort(request_id)
         if event is not None:
             self._record(event)
+        self._check_queue()
         return event
 
     def step(self) -> StepBatch:
+        self.scheduled_seq_ids.update(s.seq_id for s in self.scheduler.sequences())
         batch = self.scheduler.schedule()
+        self._check_queue()
         result = self.backend.execute(batch)
         seconds = self.step_s if self.step_cost is None else self.step_cost(batch.num_tokens, len(batch.chunks))
         self.clock.advance(seconds)
@@ -210,6 +217,7 @@ class Driver:
         for event in self.scheduler.update(batch, result):
             self._record(event)
         self._check_kv_agrees()
+        self._check_queue()
         self.batches.append(batch)
         return batch
 
@@ -242,6 +250,11 @@ class Driver:
         record.events.append(event)
         if event.finished:
             record.finish_time = self.clock.now
+
+    def _check_queue(self) -> None:
+        waiting = [s for s in self.scheduler.sequences() if s.status is SeqStatus.WAITING]
+        num_new = sum(1 for s in waiting if s.seq_id not in self.scheduled_seq_ids)
+        assert (self.scheduler.num_new, self.scheduler.num_held) == (num_new, len(waiting) - num_new)
 
     def _check_kv_agrees(self) -> None:
         assert self.scheduler.kv_used() == self.backend.kv_used(), "scheduler and backend disagree on KV use"

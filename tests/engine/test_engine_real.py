@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
+from localserve.engine.faults import FaultInjectingBackend, WrappedBackend
+from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepBatch, StepResult, TokenEvent
 
 pytestmark = pytest.mark.slow
 _ids = itertools.count()
@@ -25,8 +27,9 @@ def backend(smollm2_path: Path):
 
 @pytest.fixture
 async def engine(backend: LlamaCppBackend):
+    """SmolLM2 through a `FaultInjectingBackend`, which computes every step until armed."""
     eng = Engine(EngineConfig())
-    eng.add_model("smol", backend)
+    eng.add_model("smol", FaultInjectingBackend(backend))
     yield eng
     await eng.remove_model("smol", close_backend=False)
 
@@ -168,37 +171,44 @@ async def test_shared_system_prompt_hits_the_prefix_cache(engine: Engine) -> Non
 
 async def test_a_step_failure_fails_only_that_step(engine: Engine) -> None:
     prompt = encode(engine, "The capital of France is")
-    calls = {"n": 0}
-
-    def boom(batch) -> None:  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected fault")
-
-    engine.set_fault_hook("smol", boom)
+    faults = engine.backend("smol")
+    assert isinstance(faults, FaultInjectingBackend)
+    faults.fail_steps(1)
     _, _, failed = await run(engine, request(prompt, max_tokens=4, temperature=0.0))
     assert failed.finish_reason is FinishReason.ERROR and "injected fault" in (failed.error or "")
-    engine.set_fault_hook("smol", None)
-    _, text, ok = await run(engine, request(prompt, max_tokens=6, temperature=0.0))
+    _, text, ok = await run(engine, request(prompt, max_tokens=6, temperature=0.0))  # the fault was spent
     assert ok.finish_reason is FinishReason.LENGTH and "Paris" in text
 
 
-async def test_batch_work_yields_to_an_interactive_request_within_its_targets(engine: Engine) -> None:
+class RecordedBackend(WrappedBackend):
+    """Calls `record(batch)` on the step thread before each step."""
+
+    def __init__(self, inner: LlamaCppBackend, record: Callable[[StepBatch], None]) -> None:
+        super().__init__(inner)
+        self.record = record
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        self.record(batch)
+        return super().execute(batch)
+
+
+async def test_batch_work_yields_to_an_interactive_request_within_its_targets(backend: LlamaCppBackend) -> None:
     """The batch policy on the real model, with the step-time model learned
     from this machine's measured steps: alone, batch work takes every slot
     (the reserved ones too); an interactive arrival takes a lent slot back at
     once and its prompt's step is computed alone; each step it then decodes
     in is predicted within 1.2x its step alone (the inter-token target)."""
-    scheduler = engine._model("smol").worker.scheduler  # read on the step thread, in the hook
     steps: list[tuple[tuple[tuple[int, int], ...], float, float | None, float]] = []
 
-    def record(batch) -> None:  # type: ignore[no-untyped-def]
+    def record(batch: StepBatch) -> None:
         model = scheduler.policy.model
         chunks = tuple((c.seq_id, len(c.token_ids)) for c in batch.chunks)
         limit = scheduler.policy.snapshot().step_limit_s
         steps.append((chunks, model.predict(batch.num_tokens, len(chunks)), limit, model.predict(1, 1)))
 
-    engine.set_fault_hook("smol", record)
+    engine = Engine(EngineConfig())
+    engine.add_model("smol", RecordedBackend(backend, record))
+    scheduler = engine._model("smol").worker.scheduler  # read on the step thread, in `record`
     num_lines = 16  # every slot of the backend; 2 of them reserved
     started = [asyncio.Event() for _ in range(num_lines)]
 
@@ -223,11 +233,12 @@ async def test_batch_work_yields_to_an_interactive_request_within_its_targets(en
         )
         _, _, last = await run(engine, chat)
         outputs = await asyncio.gather(*lines)
+        policy = engine.stats()["smol"]["batch_policy"]
     finally:
-        engine.set_fault_hook("smol", None)
+        await engine.remove_model("smol", close_backend=False)
     assert last.num_output_tokens == 8 and all(len(tokens) == 48 for tokens in outputs)  # the preempted one too
     assert max(len(chunks) for chunks, *_ in steps[:mark]) == num_lines  # alone: every slot in one step
-    assert engine.stats()["smol"]["batch_policy"]["num_slots_returned"] >= 1
+    assert policy["num_slots_returned"] >= 1
     batch_seqs = {seq_id for chunks, *_ in steps[:mark] for seq_id, _ in chunks}
     first = next(i for i in range(mark, len(steps)) if any(seq_id not in batch_seqs for seq_id, _ in steps[i][0]))
     chat_seq = steps[first][0][0][0]

@@ -379,6 +379,29 @@ def test_abort_frees_the_slot_for_the_next_schedule():
     assert driver.seq_ids["a"] in batch.released_seq_ids
 
 
+def test_the_queue_is_what_a_schedule_left_waiting():
+    """The queue limit's counts: a new request waits for the next schedule()
+    (it may find a free slot); one that a schedule() left waiting (no slot,
+    preempted) is held until it runs or leaves."""
+    driver = Driver(make_capacity(max_num_seqs=1))
+    driver.add("a", prompt(0, 4), max_tokens=50)
+    driver.add("b", prompt(100, 4), max_tokens=3)
+    queue = driver.scheduler
+    assert (queue.num_new, queue.num_held) == (2, 0)
+    driver.step()
+    assert (queue.num_new, queue.num_held) == (0, 1)  # b: no slot
+    driver.add("c", prompt(200, 4), max_tokens=3)
+    driver.add("d", prompt(300, 4), max_tokens=3)
+    driver.abort("c")
+    assert (queue.num_new, queue.num_held) == (1, 1)
+    driver.abort("b")
+    assert (queue.num_new, queue.num_held) == (1, 0)
+    driver.add("urgent", prompt(400, 4), priority=0.0, max_tokens=3)
+    driver.step()
+    assert driver.running_request_ids() == {"urgent"}  # a was preempted: it waits again, with d
+    assert (queue.num_new, queue.num_held) == (0, 2)
+
+
 # ---- prefix cache --------------------------------------------------------------
 
 SHARED = prompt(0, 40)

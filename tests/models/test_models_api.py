@@ -16,7 +16,11 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from localserve.models.registry import LoadedModel, LoadedOneShot, ModelManager, ModelSpec
+from localserve.backends.base import GenerativeBackend
+from localserve.engine.faults import WrappedBackend
+from localserve.engine.types import StepBatch, StepResult
+from localserve.models.plan import LoadReport
+from localserve.models.registry import ModelRegistry, ModelSpec
 from localserve.models.store import hf_cache
 from tests.api.harness import ServerThread, make_settings
 from tests.models.hub import FakeHub
@@ -59,26 +63,32 @@ def test_a_request_for_an_unloaded_model_loads_it(start_server: Callable[..., Se
         assert "all-minilm-l6-v2" not in loaded(http)  # refused before loading
 
 
-class HeldManager(ModelManager):
+class HeldBackend(WrappedBackend):
+    """A model whose steps wait for `HeldRegistry.gate`."""
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        HeldRegistry.gate.wait(120)
+        return super().execute(batch)
+
+
+class HeldRegistry(ModelRegistry):
     """Every model it loads computes no step until the test opens `gate`: a
     request stays in flight however fast or slow the machine is."""
 
     gate = threading.Event()
 
-    async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
-        loaded = await super().load(spec)
-        if spec.model_id in self.engine.model_ids():  # a generative model: hold its step thread
-            self.engine.set_fault_hook(spec.model_id, lambda batch: HeldManager.gate.wait(120))
-        return loaded
+    def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
+        backend, report = super().open_model(spec)
+        return HeldBackend(backend), report
 
 
 def test_two_models_load_and_answer_concurrently(catalog: Path) -> None:
     """Decided from state, not timing: both models load on demand and each
     holds a running request at the same moment (their steps are held until
     then), then both answer in full."""
-    HeldManager.gate.clear()
+    HeldRegistry.gate.clear()
     settings = make_settings(models=[], parallel=2, ctx_size=512, kv_size=1024, threads=1)
-    server = ServerThread(settings, HeldManager).start()
+    server = ServerThread(settings, HeldRegistry).start()
     num_chunks: dict[str, int] = {}
 
     def stream(model: str) -> None:
@@ -102,14 +112,14 @@ def test_two_models_load_and_answer_concurrently(catalog: Path) -> None:
         assert together, "the two models never had requests in flight at the same time"
         time.sleep(0.5)  # ample for 300 tokens of these models, were their steps not held
         assert _in_flight(server, "tiny-a") == 1 and _in_flight(server, "tiny-b") == 1 and not num_chunks
-        HeldManager.gate.set()
+        HeldRegistry.gate.set()
         for thread in threads:
             thread.join(120)
         assert set(num_chunks) == {"tiny-a", "tiny-b"} and min(num_chunks.values()) > 100
         with httpx.Client(base_url=server.base_url) as http:
             assert set(loaded(http)) == {"tiny-a", "tiny-b"}
     finally:
-        HeldManager.gate.set()
+        HeldRegistry.gate.set()
         server.stop()
 
 
@@ -136,7 +146,7 @@ def test_keep_alive_zero_unloads_after_the_request(start_server: Callable[..., S
     with httpx.Client(base_url=server.base_url, timeout=60) as http:
         assert chat(http, "tiny-a", keep_alive=0).status_code == 200
         assert wait_for(lambda: "tiny-a" not in loaded(http), 5)
-        assert "tiny-a" not in server.call(lambda: server.manager.loaded)
+        assert "tiny-a" not in server.call(lambda: server.registry.loaded)
         loaded_now = http.post("/api/v1/load", json={"model": "tiny-b", "keep_alive": "300ms"})
         assert loaded_now.status_code == 200 and loaded_now.json()["kind"] == "chat"
         assert "tiny-b" in loaded(http)

@@ -1,12 +1,12 @@
 """Fault injection for reliability tests; never on by default.
 
 With the environment variable `LOCALSERVE_ENABLE_FAULTS=1` (and only then)
-the server has one more route:
+every generative model the server loads runs through an
+`engine.faults.FaultInjectingBackend`, and the server has one more route:
 
 * `POST /api/v1/debug/fault` `{"model": ID, "steps": N}` - the next N engine
-  steps of that model raise inside the step, as a failing backend would
-  (`Engine.set_fault_hook`). The requests of those steps end with an error;
-  the step loop goes on.
+  steps of that model raise inside the step, as a failing backend would.
+  The requests of those steps end with an error; the step loop goes on.
 
 It sits behind the API key like every other route.
 """
@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.state import engine_of
-from localserve.engine.types import StepBatch
+from localserve.api.state import REGISTRY, engine_of
+from localserve.engine.faults import FaultInjectingBackend
+from localserve.errors import InvalidRequestError
 from localserve.serving.models import hold_chat_model
 
 ENABLE_ENV = "LOCALSERVE_ENABLE_FAULTS"
@@ -39,31 +40,14 @@ class FaultRequest(BaseModel):
     steps: int = Field(default=1, ge=1, le=MAX_FAULT_STEPS)
 
 
-class InjectedFault(RuntimeError):
-    """What a faulty step raises."""
-
-
-class StepFault:
-    """A fault hook: raises in the next `num_steps` steps, then does nothing.
-    Called on the model's step thread only, so its counter needs no lock."""
-
-    def __init__(self, num_steps: int) -> None:
-        self.num_steps_left = num_steps
-
-    def __call__(self, batch: StepBatch) -> None:
-        if self.num_steps_left <= 0:
-            return
-        self.num_steps_left -= 1
-        raise InjectedFault(f"injected fault in step {batch.step_id}")
-
-
 def faults_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(ENABLE_ENV, "").strip() == "1"
 
 
 def register(app: web.Application, environ: Mapping[str, str] = os.environ) -> None:
-    """Add the fault route, only if `LOCALSERVE_ENABLE_FAULTS=1`."""
+    """Only if `LOCALSERVE_ENABLE_FAULTS=1`: wrap the models and add the fault route."""
     if faults_enabled(environ):
+        app[REGISTRY].engine.wrap_backends(FaultInjectingBackend)
         app.router.add_post(FAULT_PATH, inject_fault)
 
 
@@ -71,5 +55,8 @@ async def inject_fault(request: web.Request) -> web.Response:
     """Arm a fault for the next `steps` steps of `model`."""
     body = await parse_body(request, FaultRequest)
     model_id = await hold_chat_model(RequestModels(request), body.model)
-    engine_of(request).set_fault_hook(model_id, StepFault(body.steps))
+    backend = engine_of(request).backend(model_id)
+    if not isinstance(backend, FaultInjectingBackend):  # loaded before `register` wrapped the engine's models
+        raise InvalidRequestError(f"model {model_id!r} was loaded without fault injection", param="model")
+    backend.fail_steps(body.steps)
     return web.json_response({"object": "debug.fault", "model": model_id, "steps": body.steps})
