@@ -86,7 +86,6 @@ class _Model:
             stats=self.stats,
         )
         self.capacity = backend.capacity()
-        self.last_used = time.monotonic()
 
     def dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
@@ -96,7 +95,6 @@ class _Model:
             if event.finished:
                 del self.streams[event.request_id]
             stream._deliver(event)
-        self.last_used = time.monotonic()
 
     def forget(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
@@ -215,7 +213,6 @@ class Engine:
             raise ValueError(f"request id {request.request_id!r} is in use")
         stream = RequestStream(model, request)
         model.streams[request.request_id] = stream
-        model.last_used = time.monotonic()
         model.worker.add(request)
         return stream
 

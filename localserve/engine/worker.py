@@ -74,7 +74,6 @@ class StepWorker:
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._last_snapshot = 0.0
-        self.crashed: BaseException | None = None
         self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
 
     def start(self) -> None:
@@ -115,8 +114,7 @@ class StepWorker:
                 # Before blocking on an empty inbox, publish the idle state, or
                 # readers would see finished requests as running.
                 self._publish_snapshot(force=not self.scheduler.has_work())
-        except BaseException as exc:  # never leave callers hanging
-            self.crashed = exc
+        except BaseException as exc:  # never leave callers hanging; the thread ends (`alive`)
             log.exception("step loop of %s crashed", self._thread.name)
             self._fail_everything(f"the step loop crashed: {exc}")
         finally:
