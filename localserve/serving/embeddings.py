@@ -24,7 +24,6 @@ class Embedder(Protocol):
     `check` may be called from any thread (here: a worker thread)."""
 
     n_embd: int
-    max_input_tokens: int  # the longest input `check` lets through
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
@@ -32,6 +31,11 @@ class Embedder(Protocol):
         """`token_ids` as the batcher's item; 400 naming `param` for an input
         the model cannot embed (too long, a token id out of range)."""
         ...
+
+
+# Optional on an Embedder: `max_input_tokens`, the longest input `check` lets
+# through. Only `truncate` needs it; a backend without it (a plugin written
+# against the interface above) embeds everything else alike.
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +70,7 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
         raise BackendError(f"model {request.model!r}: its backend does not make embeddings")
     # Shorter vectors only from Matryoshka-trained models (models/matryoshka.py); 400 otherwise.
     resize = dimensions_resize(request.model, model.spec.path, backend.n_embd, request.dimensions)
-    limit = backend.max_input_tokens if request.truncate else None
+    limit = getattr(backend, "max_input_tokens", None) if request.truncate else None
     items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param, limit)
     vectors = await model.batcher.submit(items, priority=request.priority)
     if resize is not None:
