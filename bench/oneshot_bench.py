@@ -249,6 +249,40 @@ def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: BatcherCo
     )
 
 
+CEILING_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def ceiling_row(bench: Bench, name: str, backend, tokens: list) -> str:  # type: ignore[no-untyped-def,type-arg]
+    """What the runtime itself gains from a batch: `backend.run` on batches of
+    one text repeated (the median length: no padding, no queue, no asyncio),
+    items/s at each size against size 1. Batching the server's requests can
+    approach this bound, never pass it."""
+    item = sorted(tokens, key=len)[len(tokens) // 2]
+    load, busy = bench.quiet()
+    rates = {}
+    for size in CEILING_SIZES:
+        batch = [item] * size
+        backend.run(batch)  # warm-up at this shape
+        runs, started = max(2, 64 // size), time.perf_counter()
+        for _ in range(runs):
+            backend.run(batch)
+        rates[size] = runs * size / (time.perf_counter() - started)
+    bench.cells.append(
+        {
+            "table": "ceiling",
+            "backend": name,
+            "tokens": len(item),
+            "items_per_s": rates,
+            "load_before": load,
+            "busy": busy,
+        }
+    )
+    best = max(rates, key=lambda k: rates[k])
+    cells = " | ".join(f"{rates[k]:.1f}" for k in CEILING_SIZES)
+    flag = " **BUSY**" if busy else ""
+    return f"| {name}{flag} | {len(item)} | {cells} | {rates[best] / rates[1]:.2f} (at {best}) | {load:.2f} |"
+
+
 def open_model(model_id: str, kind: str, settings: ServerSettings) -> OneShotBackend:  # type: ignore[type-arg]
     """The backend the server would load for `model_id`."""
     return open_oneshot(kind, model_id, resolve(model_id).path, settings).backend
@@ -263,6 +297,7 @@ def main() -> None:
     add("--clients", default="1,32", help="concurrent clients per cell, comma-separated (default: 1,32)")
     add("--texts", type=int, default=256, help="embedding requests per cell")
     add("--no-padding", action="store_true", help="skip the padding table")
+    add("--no-ceiling", action="store_true", help="skip the table of what a batch gains inside the runtime")
     add("--speech", action="store_true", help="also measure faster-whisper tiny.en (whisper-tiny.en)")
     add("--clips", type=int, default=32, help="transcription requests per cell (with --speech)")
     add("--max-load", type=float, default=0.5, help="the 1-minute load average a cell may start at")
@@ -278,7 +313,7 @@ def main() -> None:
     bench.quiet()  # refuse a busy machine before loading anything
     settings = ServerSettings(threads=args.threads, device=args.device)
 
-    from localserve.models.oneshot import catalog_backend
+    from localserve.models.catalog import catalog_backend
     from localserve.models.oneshot_embeddings import choose_embeddings_backend
 
     default = choose_embeddings_backend(resolve(DEFAULT_ID).path, catalog_backend(DEFAULT_ID)).backend
@@ -304,6 +339,13 @@ def main() -> None:
         if not args.no_padding and not backend.padding_free:
             padding.append(padding_row(bench, label, backend, tokens, embed_one, embed_config))
     print("\n".join(THROUGHPUT_HEADER + rows))
+    if not args.no_ceiling:
+        sizes = " | ".join(f"batch {k}" for k in CEILING_SIZES)
+        print("\nthe ceiling: items/s of the backend's own run() on equal texts, by batch size (no padding, no queue)")
+        print(f"| backend | tokens | {sizes} | best / batch 1 | load avg before |")
+        print("|---|---:|" + "---:|" * len(CEILING_SIZES) + "---:|---:|")
+        for label, backend in backends.items():
+            print(ceiling_row(bench, label, backend, tokens), flush=True)
     if args.speech:
         whisper = open_model("whisper-tiny.en", TRANSCRIPTION, settings)
         with tempfile.TemporaryDirectory() as tmp:
