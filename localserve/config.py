@@ -49,6 +49,10 @@ class ServerSettings:
     body_timeout_s: float = 30.0  # a request body that sends nothing for this long gets 408; 0 = no limit
     aging_s: float = 30.0
     reserved_slots: int = -1  # slots of each model that are interactive work's first claim; -1: parallel // 8
+    # Batch work beside other requests (engine/batch_policy.py): it joins a step only while the step's
+    # predicted time keeps their inter-token latency within this x of the step without it ...
+    batch_itl_target: float = 1.2
+    batch_ttft_target: float = 1.5  # ... and an arriving prompt's first token within this x its time when idle
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400

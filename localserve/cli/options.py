@@ -7,6 +7,7 @@ user mistake said in one line. A light module below every command module
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,14 @@ def non_negative(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value >= 0:  # also rejects NaN
         raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _latency_target(text: str) -> float:
+    """A batch policy target: a ratio to the idle latency, 1 or more (1 = batch work only where it costs nothing)."""
+    value = non_negative(text)
+    if not 1.0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"a ratio to the idle latency, at least 1, got {text}")
     return value
 
 
@@ -208,6 +217,22 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "slots per model that are interactive requests' first claim: batch-priority work uses them only while "
         "it runs alone and gives one back at the next step when needed (-1 = parallel/8)",
         "N",
+    ),
+    Option(
+        "--batch-itl-target",
+        "batch_itl_target",
+        _latency_target,
+        "beside other requests, batch-priority work joins a step only while the step's predicted time (learnt "
+        "from the model's measured steps) keeps their inter-token latency within this x of the step without it",
+        "X",
+    ),
+    Option(
+        "--batch-ttft-target",
+        "batch_ttft_target",
+        _latency_target,
+        "beside other requests, batch-priority work joins a step only while a request that arrives meanwhile "
+        "still gets its first token within this x of its time on an idle model",
+        "X",
     ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(

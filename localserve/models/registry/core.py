@@ -299,11 +299,14 @@ class ModelRegistry(RegistryViews):
         return opening.open_oneshot(spec, kind, self.settings)
 
     def _engine_config(self) -> EngineConfig:
-        reserved = self.settings.reserved_slots
-        return EngineConfig(
-            max_queue=self.settings.max_queue,
-            scheduler=SchedulerConfig(aging_s=self.settings.aging_s, reserved_slots=None if reserved < 0 else reserved),
+        settings = self.settings
+        scheduler = SchedulerConfig(
+            aging_s=settings.aging_s,
+            reserved_slots=None if settings.reserved_slots < 0 else settings.reserved_slots,
+            itl_target=settings.batch_itl_target,
+            ttft_target=settings.batch_ttft_target,
         )
+        return EngineConfig(max_queue=settings.max_queue, scheduler=scheduler)
 
     # ---- unloading -------------------------------------------------------------------
 
