@@ -105,8 +105,9 @@ class ServingLineExecutor:
 
     def max_in_flight(self, endpoint: str, model: str | None) -> int:
         """The model's slots. How many of them compute in each step beside
-        other requests is the scheduler's call (it narrows batch work while
-        the model is busy, see `SchedulerConfig.batch_seqs_busy`)."""
+        other requests is the scheduler's call (the batch policy admits batch
+        work while the predicted step stays within the interactive latency
+        targets, `engine/batch_policy.py`)."""
         if self.concurrency:
             return self.concurrency
         if endpoint == "/v1/embeddings":
