@@ -8,7 +8,7 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from localserve.engine.types import Capacity, StepBatch, StepResult
+from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
 
 ItemT = TypeVar("ItemT")
 OutputT = TypeVar("OutputT")
@@ -68,8 +68,12 @@ class Tokenizer(ABC):
 class GenerativeBackend(ABC):
     """A loaded generative model driven step by step by the scheduler.
 
-    Only the model's step thread calls these methods, so implementations need
-    no locks. `execute` must treat the batch as one forward pass.
+    Threads: `execute`, `release` and `clear_slots` are called by the model's
+    step thread only, so their state needs no locks; `execute` must treat the
+    batch as one forward pass. `capacity`, `tokenizer`, `info` and `metadata`
+    give what was fixed at load and may be called from any thread. `validate`
+    runs on a worker thread, beside steps, and must touch no state a step
+    uses. `close` is called once, after the step thread has ended.
     """
 
     @abstractmethod
@@ -97,6 +101,12 @@ class GenerativeBackend(ABC):
 
     def metadata(self) -> dict[str, Any]:
         return {}
+
+    def validate(self, params: SamplingParams) -> None:
+        """Raise InvalidRequestError for what this backend could not sample
+        with (e.g. a grammar that does not compile), so that a request is
+        refused with a 400 before it is queued, not failed inside a step."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...

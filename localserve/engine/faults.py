@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from localserve.backends.base import BackendInfo, GenerativeBackend, Tokenizer
-from localserve.engine.types import Capacity, StepBatch, StepResult
+from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
 
 #: The number of steps that means "every step, until `clear()`".
 EVERY_STEP = 1 << 62
@@ -26,8 +26,8 @@ class InjectedFault(RuntimeError):
 
 
 class WrappedBackend(GenerativeBackend):
-    """`inner`, method for method. Optional methods the engine's callers look
-    up by name (`validate`) reach `inner` through `__getattr__`."""
+    """`inner`, method for method; attributes beyond the interface (a
+    backend's own, read by its tests) reach `inner` through `__getattr__`."""
 
     def __init__(self, inner: GenerativeBackend) -> None:
         self.inner = inner
@@ -57,6 +57,9 @@ class WrappedBackend(GenerativeBackend):
 
     def metadata(self) -> dict[str, Any]:
         return self.inner.metadata()
+
+    def validate(self, params: SamplingParams) -> None:
+        self.inner.validate(params)
 
     def close(self) -> None:
         self.inner.close()

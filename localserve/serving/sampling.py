@@ -74,11 +74,10 @@ def per_choice(params: SamplingParams, index: int) -> SamplingParams:
 async def validate(backend: GenerativeBackend, params: SamplingParams, *, param: str) -> None:
     """Refuse now (400) what the backend could not sample with, e.g. a grammar
     llama.cpp does not compile, instead of failing inside a step."""
-    check = getattr(backend, "validate", None)
-    if check is None or params.grammar is None:
+    if params.grammar is None:
         return
     try:
-        await asyncio.to_thread(check, params)
+        await asyncio.to_thread(backend.validate, params)
     except InvalidRequestError as exc:
         exc.param = exc.param or param
         raise
