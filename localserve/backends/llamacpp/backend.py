@@ -20,7 +20,7 @@ import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
-from localserve.backends.llamacpp.devices import init_llama, place
+from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
@@ -74,17 +74,8 @@ class LlamaCppBackend(GenerativeBackend):
 
     def __init__(self, config: LlamaCppConfig) -> None:
         init_llama()
-        path = Path(config.model_path)
-        if not path.is_file():
-            raise LocalServeError(f"model file not found: {path}")
         self.config = config
-        placement = place(config.device)
-        self._device = placement.label
-        model_params = llama_cpp.llama_model_default_params()
-        placement.apply(model_params, config.n_gpu_layers)
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not model:
-            raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
+        model, self._device = load_model(Path(config.model_path), config.device, config.n_gpu_layers)
         self._model, self._ctx, self._mem, self._batch = model, None, None, None
         try:
             self._open_context(config, model)

@@ -16,10 +16,12 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp
 
 from localserve.backends.device_names import AUTO, CPU, GPU, DeviceTable, Present
+from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,21 @@ def place(device: str, present: list[Present] | None = None) -> Placement:
     if wanted.index is None:  # llama.cpp's default: the layers split over every GPU
         return Placement(True, None, "GPU")
     return Placement(True, found[0].index, f"GPU:{found[0].index}")
+
+
+def load_model(path: Path, device: str, n_gpu_layers: int) -> tuple[llama_cpp.llama_model_p, str]:
+    """Load a GGUF file's weights on `device` (after `init_llama`): the model
+    handle and the device label. What both llama.cpp backends do first; a
+    missing or unreadable file is a LocalServeError that names it."""
+    if not path.is_file():
+        raise LocalServeError(f"model file not found: {path}")
+    placement = place(device)
+    params = llama_cpp.llama_model_default_params()
+    placement.apply(params, n_gpu_layers)
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
+    return model, placement.label
 
 
 def available_devices() -> list[str]:

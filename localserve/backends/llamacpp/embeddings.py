@@ -20,7 +20,7 @@ import llama_cpp
 import numpy as np
 
 from localserve.backends.base import BackendInfo, OneShotBackend
-from localserve.backends.llamacpp.devices import init_llama, place
+from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.errors import BackendError, ContextLengthError, InvalidRequestError, LocalServeError
 
@@ -68,18 +68,10 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
     def __init__(self, config: LlamaEmbeddingConfig) -> None:
         init_llama()
         path = Path(config.model_path)
-        if not path.is_file():
-            raise LocalServeError(f"model file not found: {path}")
         if config.pooling not in POOLING:
             raise InvalidRequestError(f"unknown pooling {config.pooling!r}; use one of {', '.join(POOLING)}")
         self.config = config
-        placement = place(config.device)
-        self._device = placement.label
-        model_params = llama_cpp.llama_model_default_params()
-        placement.apply(model_params, config.n_gpu_layers)
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not model:
-            raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
+        model, self._device = load_model(path, config.device, config.n_gpu_layers)
         self._model, self._ctx, self._mem, self._batch = model, None, None, None
         try:
             self._open_context(model)
