@@ -53,6 +53,8 @@ class ServerSettings:
     # predicted time keeps their inter-token latency within this x of the step without it ...
     batch_itl_target: float = 1.2
     batch_ttft_target: float = 1.5  # ... and an arriving prompt's first token within this x its time when idle
+    speculative: str = "off"  # "off" | "ngram": speculative decoding by prompt lookup (engine/speculation.py)
+    draft_max: int = 8  # drafted tokens one sequence may verify in a step
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400

@@ -69,6 +69,9 @@ def _latency_target(text: str) -> float:
     return value
 
 
+SPECULATIVE_MODES = ("off", "ngram")
+
+
 def _choice(choices: Sequence[str]) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if text.lower() not in choices:
@@ -234,6 +237,16 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "still gets its first token within this x of its time on an idle model",
         "X",
     ),
+    Option(
+        "--speculative",
+        "speculative",
+        _choice(SPECULATIVE_MODES),
+        "speculative decoding on llama.cpp models: ngram drafts tokens by looking the output's last words up in "
+        "the prompt and output so far (a win where output copies input: edits, rewrites, code), verified in the "
+        "shared step, as many as the step-time model says pay; off decodes one token a step",
+        "MODE",
+    ),
+    Option("--draft-max", "draft_max", int_at_least(1), "drafted tokens one sequence may verify in a step", "N"),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",

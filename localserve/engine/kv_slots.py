@@ -19,18 +19,26 @@ class StepPlan:
     """The step being built: token budget left, KV cells in use, KV edits and
     the tokens scheduled per sequence."""
 
-    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled")
+    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled", "drafts")
 
     def __init__(self, budget: int, kv_used: int) -> None:
         self.budget = budget
         self.kv_used = kv_used
         self.kv_ops: list[KvOp] = []
         self.scheduled: dict[Sequence, int] = {}
+        self.drafts: dict[Sequence, list[int]] = {}  # drafted tokens a scheduled decode verifies
 
     @property
     def num_tokens(self) -> int:
-        """Tokens scheduled so far."""
-        return sum(self.scheduled.values())
+        """Tokens scheduled so far (drafts included)."""
+        return sum(self.scheduled.values()) + sum(len(d) for d in self.drafts.values())
+
+    def add_drafts(self, seq: Sequence, draft_ids: list[int]) -> None:
+        """`seq`, scheduled to decode, also feeds `draft_ids` (their cells are
+        counted until the step's verification removes the rejected ones)."""
+        self.drafts[seq] = draft_ids
+        self.budget -= len(draft_ids)
+        self.kv_used += len(draft_ids)
 
     @property
     def num_seqs(self) -> int:
@@ -42,7 +50,7 @@ class StepPlan:
         self.kv_used += num_new
 
     def remove(self, seq: Sequence) -> None:
-        num_new = self.scheduled.pop(seq, 0)
+        num_new = self.scheduled.pop(seq, 0) + len(self.drafts.pop(seq, ()))
         self.budget += num_new
         self.kv_used -= num_new
 

@@ -50,6 +50,11 @@ Rules (docs/architecture.md, "Scheduler rules", says how they fit together):
   once per slot). A sequence that cannot grow first evicts cached prefixes,
   then preempts the running sequence with the latest deadline; nothing is
   ever truncated silently.
+* Speculation (`speculation.py`, when the model speculates): once the step
+  is planned, decoding sequences may add drafted tokens with what budget and
+  KV room are left, never at another request's cost (no eviction, no
+  preemption, not for batch work held to its limits), as many as the
+  step-time model says pay. A step keeps the accepted drafts' cells only.
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ from localserve.engine.batch_policy import BatchPolicy, StepGate
 from localserve.engine.kv_slots import SlotTable, StepPlan
 from localserve.engine.output import OutputText
 from localserve.engine.sequence import SeqStatus, Sequence, Slot
+from localserve.engine.speculation import SpecState, draft_lengths
 from localserve.engine.types import (
     Capacity,
     FinishReason,
     GenerateRequest,
+    SampledToken,
     SchedulerConfig,
     SeqChunk,
     StepBatch,
@@ -94,6 +101,8 @@ class SchedulerCounters:
     num_decode_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # drafted tokens verified (speculative decoding)
+    num_accepted_tokens: int = 0  # ... of which accepted
 
 
 class Scheduler:
@@ -132,6 +141,11 @@ class Scheduler:
         self.policy = BatchPolicy(self.config)
         self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
         self._limit_after = math.inf  # batch work with a later deadline is limited in this step
+        self._max_draft = min(self.config.draft_max, capacity.max_draft_tokens)
+        if self.config.speculative == "off":
+            self._max_draft = 0
+        elif self.config.speculative != "ngram":
+            raise ValueError(f"unknown speculative mode {self.config.speculative!r} (off, ngram)")
 
     # ---- requests in and out -------------------------------------------------
 
@@ -238,13 +252,15 @@ class Scheduler:
             if prompt_due:
                 num_kept = gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes))
             self._schedule_batch_decodes(batch_decodes, plan, num_kept)
+        if self._max_draft:
+            self._add_drafts(plan)
         self._record_policy_step(plan)
         self._num_new, self._new_from = 0, self._next_seq_id  # every waiting sequence was considered
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
             kv_ops=tuple(plan.kv_ops),
-            chunks=tuple(self._chunk(seq, n) for seq, n in plan.scheduled.items()),
+            chunks=tuple(self._chunk(seq, n, plan.drafts.get(seq, ())) for seq, n in plan.scheduled.items()),
             released_seq_ids=released,
         )
 
@@ -263,14 +279,19 @@ class Scheduler:
             seq = self._by_request_seq(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue
-            seq.num_computed_tokens += len(chunk.token_ids)
-            self._slots[chunk.slot].token_ids.extend(chunk.token_ids)
+            accepted = result.accepted.get(chunk.seq_id, ()) if chunk.num_draft else ()
+            num_kept = len(chunk.token_ids) - chunk.num_draft + len(accepted)  # the cells the backend kept
+            seq.num_computed_tokens += num_kept
+            self._slots[chunk.slot].token_ids.extend(chunk.token_ids[:num_kept])
+            if chunk.num_draft and seq.spec is not None:
+                seq.spec.observe(chunk.num_draft, len(accepted))
+                self.counters.num_draft_tokens += chunk.num_draft
+                self.counters.num_accepted_tokens += len(accepted)
             if chunk.seq_id in result.failed:
                 self._finish(seq, FinishReason.ERROR)
                 events.append(self._event(seq, (), "", error=result.failed[chunk.seq_id]))
             elif chunk.sample:
-                sampled = result.sampled[chunk.seq_id]
-                events.append(self._append_token(seq, sampled.token_id, sampled.logprob))
+                events.append(self._append_tokens(seq, (result.sampled[chunk.seq_id], *accepted)))
         return events
 
     def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
@@ -440,18 +461,74 @@ class Scheduler:
         seq.num_preemptions += 1
         self.counters.num_preemptions += 1
 
-    def _chunk(self, seq: Sequence, num_new: int) -> SeqChunk:
+    def _add_drafts(self, plan: StepPlan) -> None:
+        """Drafts for the step's decoding sequences, from the budget and KV
+        room the step leaves, as many as pay (speculation.draft_lengths)."""
+        proposals: list[tuple[Sequence, list[int]]] = []
+        for seq, num_new in plan.scheduled.items():
+            if num_new != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
+                continue  # a prompt chunk, or the prompt's last token: no output to draft after yet
+            if not seq.sampling.speculative or self._limited(seq):
+                continue
+            # The last sampled token is free; positions stay inside the context.
+            room = min(
+                self._max_draft,
+                seq.sampling.max_tokens - seq.num_output_tokens - 1,
+                self.capacity.n_ctx - seq.num_tokens - 1,
+            )
+            if seq.spec is None:
+                seq.spec = SpecState()
+            draft_ids = seq.spec.drafter.propose(seq.token_ids, room)
+            if draft_ids:
+                proposals.append((seq, draft_ids))
+        if not proposals:
+            return
+        k = draft_lengths(
+            [(seq.spec.acceptance, len(d)) for seq, d in proposals if seq.spec is not None],
+            num_tokens=plan.num_tokens,
+            num_seqs=plan.num_seqs,
+            coefficients=self.policy.model.coefficients,
+            max_draft=self._max_draft,
+        )
+        for seq, draft_ids in proposals:
+            take = min(k, len(draft_ids), plan.budget, self.capacity.kv_tokens - plan.kv_used)
+            if take > 0:
+                plan.add_drafts(seq, draft_ids[:take])
+            elif seq.spec is not None:
+                seq.spec.rest()
+
+    def _chunk(self, seq: Sequence, num_new: int, draft_ids: Iterable[int] = ()) -> SeqChunk:
         start = seq.num_computed_tokens
+        drafts = tuple(draft_ids)
         return SeqChunk(
             seq_id=seq.seq_id,
             slot=seq.slot,
-            token_ids=tuple(seq.token_ids[start : start + num_new]),
+            token_ids=tuple(seq.token_ids[start : start + num_new]) + drafts,
             start_pos=start,
             sample=start + num_new == seq.num_tokens,
             sampling=seq.sampling,
+            num_draft=len(drafts),
         )
 
-    def _append_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> TokenEvent:
+    def _append_tokens(self, seq: Sequence, sampled: Iterable[SampledToken]) -> TokenEvent:
+        """Append a step's sampled tokens (one, or more after accepted drafts)
+        in order until one ends the sequence; one event for them all."""
+        emitted: list[int] = []
+        texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        for token in sampled:
+            kept, text = self._append_token(seq, token.token_id)
+            emitted += kept
+            texts.append(text)
+            if token.logprob is not None and kept:
+                logprobs.append(token.logprob)
+            if seq.status is SeqStatus.FINISHED:
+                break
+        return self._event(seq, tuple(emitted), "".join(texts), logprobs=tuple(logprobs))
+
+    def _append_token(self, seq: Sequence, token_id: int) -> tuple[tuple[int, ...], str]:
+        """Append one token, end the sequence if it stops it; the token ids
+        to emit and the text it releases."""
         seq.token_ids.append(token_id)
         params = seq.sampling
         may_stop = seq.num_output_tokens > params.min_tokens
@@ -469,8 +546,7 @@ class Scheduler:
         if reason is not None:
             text += seq.output.flush()
             self._finish(seq, reason)
-        logprobs = (logprob,) if logprob is not None and emitted else ()
-        return self._event(seq, emitted, text, logprobs=logprobs)
+        return emitted, text
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
@@ -499,6 +575,8 @@ class Scheduler:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            num_draft_tokens=seq.spec.num_drafted if seq.spec is not None else 0,
+            num_accepted_tokens=seq.spec.num_accepted if seq.spec is not None else 0,
         )
 
     def _by_request_seq(self, seq_id: int) -> Sequence | None:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from localserve.engine.output import OutputText
+from localserve.engine.speculation import SpecState
 from localserve.engine.types import FinishReason, SamplingParams
 
 
@@ -35,6 +36,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
+    spec: SpecState | None = None  # its drafter and acceptance, once it may speculate
 
     @property
     def num_tokens(self) -> int:

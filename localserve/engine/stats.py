@@ -263,6 +263,8 @@ class SchedulerSnapshot:
     num_cached_tokens: int = 0
     num_prompt_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified
+    num_accepted_tokens: int = 0  # ... and accepted
 
     def to_json(self) -> dict[str, Any]:
         """The scheduler's part of a model's stats (requests apart)."""
@@ -273,6 +275,9 @@ class SchedulerSnapshot:
             "prefix_cache_hit_tokens": self.num_cached_tokens,
             "prefix_cache_hit_rate": self.num_cached_tokens / max(1, self.num_prompt_tokens),
             "preemptions": self.num_preemptions,
+            "spec_draft_tokens": self.num_draft_tokens,
+            "spec_accepted_tokens": self.num_accepted_tokens,
+            "spec_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
         }
 
 

@@ -69,6 +69,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; 0..20: top alternatives per token
     grammar: str | None = None  # GBNF; constrains every sampled token
     logit_bias: tuple[tuple[int, float], ...] = ()
+    speculative: bool = True  # may draft tokens when the model speculates (`"speculative": false` turns it off)
 
     @property
     def greedy(self) -> bool:
@@ -112,6 +113,8 @@ class TokenEvent:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0  # drafts verified for this request so far (speculative decoding)
+    num_accepted_tokens: int = 0  # ... and accepted
 
     @property
     def finished(self) -> bool:
@@ -126,6 +129,7 @@ class Capacity:
     max_num_batched_tokens: int  # token budget of one step
     kv_tokens: int  # KV cells shared by all slots
     n_ctx: int  # the longest sequence one slot may hold
+    max_draft_tokens: int = 0  # drafts a decode chunk may carry for verification; 0: the backend cannot
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,8 @@ class SchedulerConfig:
     quiet_gaps: float = 3.0
     max_quiet_s: float = 30.0
     step_memory: int = 500  # steps the step-time model learns from (exponential forgetting)
+    speculative: str = "off"  # "off" | "ngram": draft tokens by prompt lookup (engine/speculation.py)
+    draft_max: int = 8  # drafts one sequence may carry into a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,7 @@ class SeqChunk:
     start_pos: int
     sample: bool  # a token is sampled after the last one
     sampling: SamplingParams
+    num_draft: int = 0  # the last `num_draft` tokens are drafts to verify (sampled at each, see speculation.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +204,13 @@ class StepBatch:
 class StepResult:
     """Sampled tokens by seq_id for every chunk with `sample=True`, and the
     sequences the backend refused alone (e.g. a grammar that does not
-    compile) with the reason; those end with an error, the rest go on."""
+    compile) with the reason; those end with an error, the rest go on.
+
+    A chunk with drafts: `sampled` is the token after its last non-draft
+    token; `accepted[seq_id]` holds one more sampled token per draft accepted
+    (the draft equalled the token sampled before it), in order. The backend
+    has removed the KV cells of the drafts that were not accepted."""
 
     sampled: dict[int, SampledToken]
     failed: dict[int, str] = field(default_factory=dict)
+    accepted: dict[int, tuple[SampledToken, ...]] = field(default_factory=dict)

@@ -255,6 +255,8 @@ class StepWorker:
             num_cached_tokens=counters.num_cached_tokens,
             num_prompt_tokens=counters.num_prefill_tokens + counters.num_cached_tokens,
             num_preemptions=counters.num_preemptions,
+            num_draft_tokens=counters.num_draft_tokens,
+            num_accepted_tokens=counters.num_accepted_tokens,
         )
         self.batch_policy = self.scheduler.policy.snapshot()
 

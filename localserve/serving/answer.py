@@ -223,7 +223,13 @@ class Answer:
 
 
 def _usage(event: TokenEvent) -> Usage:
-    return Usage(event.num_prompt_tokens, event.num_output_tokens, event.num_cached_tokens)
+    return Usage(
+        event.num_prompt_tokens,
+        event.num_output_tokens,
+        event.num_cached_tokens,
+        event.num_draft_tokens,
+        event.num_accepted_tokens,
+    )
 
 
 def _typed(

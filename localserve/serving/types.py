@@ -182,6 +182,8 @@ class Usage:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: drafted tokens verified
+    num_accepted_tokens: int = 0  # ... and accepted
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,9 +66,14 @@ def scripted_outputs(num_prompt_tokens: int, outputs: list[int]) -> NextToken:
 
 
 def make_capacity(
-    *, max_num_seqs: int = 4, max_num_batched_tokens: int = 64, kv_tokens: int = 1024, n_ctx: int = 128
+    *,
+    max_num_seqs: int = 4,
+    max_num_batched_tokens: int = 64,
+    kv_tokens: int = 1024,
+    n_ctx: int = 128,
+    max_draft_tokens: int = 0,
 ) -> Capacity:
-    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx)
+    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx, max_draft_tokens)
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -96,6 +101,7 @@ class ScriptedBackend:
         self.next_token = next_token
         self.slots: list[list[int]] = [[] for _ in range(capacity.max_num_seqs)]
         self.released_seq_ids: set[int] = set()
+        self.num_drafted = self.num_accepted = 0
 
     def kv_used(self) -> int:
         return sum(len(tokens) for tokens in self.slots)
@@ -104,14 +110,26 @@ class ScriptedBackend:
         self._check_batch(batch)
         for op in batch.kv_ops:
             self._apply(op)
-        sampled = {}
+        sampled, accepted = {}, {}
         for chunk in batch.chunks:
             history = self._append(chunk)
             if chunk.sample:
-                sampled[chunk.seq_id] = SampledToken(self.next_token(history))
+                base = len(history) - chunk.num_draft
+                token = sampled[chunk.seq_id] = SampledToken(self.next_token(history[:base]))
+                if chunk.num_draft:  # verify as the llama.cpp backend does: sample while the draft matched
+                    more: list[SampledToken] = []
+                    for i, draft in enumerate(chunk.token_ids[len(chunk.token_ids) - chunk.num_draft :]):
+                        if token.token_id != draft:
+                            break
+                        token = SampledToken(self.next_token(history[: base + i + 1]))
+                        more.append(token)
+                    accepted[chunk.seq_id] = tuple(more)
+                    del self.slots[chunk.slot][base + len(more) :]  # the rejected drafts' cells go
+                    self.num_drafted += chunk.num_draft
+                    self.num_accepted += len(more)
         assert self.kv_used() <= self.capacity.kv_tokens, f"KV overflow: {self.kv_used()} cells"
         self.released_seq_ids.update(batch.released_seq_ids)
-        return StepResult(sampled)
+        return StepResult(sampled, accepted=accepted)
 
     def _check_batch(self, batch: StepBatch) -> None:
         assert batch.num_tokens <= self.capacity.max_num_batched_tokens, f"step of {batch.num_tokens} tokens"
@@ -240,7 +258,8 @@ class Driver:
     def is_decode(self, chunk: SeqChunk) -> bool:
         """A chunk that feeds back one sampled token (not a prompt chunk)."""
         request_id = next(r for r, s in self.seq_ids.items() if s == chunk.seq_id)
-        return len(chunk.token_ids) == 1 and chunk.start_pos >= self.records[request_id].num_prompt_tokens
+        num_fed = len(chunk.token_ids) - chunk.num_draft
+        return num_fed == 1 and chunk.start_pos >= self.records[request_id].num_prompt_tokens
 
     def running_request_ids(self) -> set[str]:
         return {s.request_id for s in self.scheduler.sequences() if s.status is SeqStatus.RUNNING}

@@ -5,7 +5,8 @@ Read at scrape time from `Engine.stats()` and the model registry (nothing
 is copied on the hot path):
 
 * `localserve_prompt_tokens_total`, `localserve_generation_tokens_total`,
-  `localserve_prefix_cache_hit_tokens_total`, `localserve_preemptions_total`
+  `localserve_prefix_cache_hit_tokens_total`, `localserve_preemptions_total`,
+  `localserve_spec_decode_num_draft_tokens_total` / `..._accepted_tokens_total`
 * `localserve_queue_depth{priority}` (waiting requests by priority class),
   `localserve_running_sequences`, `localserve_requests_in_flight`
 * `localserve_kv_cache_used_tokens`, `localserve_kv_cache_capacity_tokens`,
@@ -141,6 +142,13 @@ class ServerCollector(Collector):
             "localserve_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache", labels=m
         )
         preempted = CounterMetricFamily("localserve_preemptions", "Sequences preempted to make room", labels=m)
+        # The names llama-server uses for the same counts.
+        drafted = CounterMetricFamily(
+            "localserve_spec_decode_num_draft_tokens", "Drafted tokens verified (speculative decoding)", labels=m
+        )
+        accepted = CounterMetricFamily(
+            "localserve_spec_decode_num_accepted_tokens", "Drafted tokens accepted (speculative decoding)", labels=m
+        )
         queue = GaugeMetricFamily(
             "localserve_queue_depth", "Requests waiting, by priority class", labels=[*m, "priority"]
         )
@@ -157,6 +165,8 @@ class ServerCollector(Collector):
             generated.add_metric([model_id], s.get("total_output_tokens", 0))
             cached.add_metric([model_id], s.get("prefix_cache_hit_tokens", 0))
             preempted.add_metric([model_id], s.get("preemptions", 0))
+            drafted.add_metric([model_id], s.get("spec_draft_tokens", 0))
+            accepted.add_metric([model_id], s.get("spec_accepted_tokens", 0))
             for name in PRIORITY_ALIASES:
                 queue.add_metric([model_id, name], 0 if idle else s.get("waiting", {}).get(name, 0))
             running.add_metric([model_id], 0 if idle else sum(s.get("running", {}).values()))
@@ -165,7 +175,8 @@ class ServerCollector(Collector):
             kv_total.add_metric([model_id], s.get("kv_total", 0))
             sizes = s.get("recent_batch_sizes") or [0]
             batch.add_metric([model_id], sizes[-1])
-        yield from (prompt, generated, cached, preempted, queue, running, in_flight, kv_used, kv_total, batch)
+        yield from (prompt, generated, cached, preempted, drafted, accepted, queue, running, in_flight, kv_used)
+        yield from (kv_total, batch)
 
     def _latencies(self, histograms: Mapping[str, Mapping[str, Mapping[str, Histogram]]]) -> Iterator[Metric]:
         families = {

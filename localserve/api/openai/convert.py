@@ -42,6 +42,7 @@ def sampling(fields: SamplingFields) -> SamplingParams:
         ignore_eos=fields.ignore_eos,
         min_tokens=fields.min_tokens,
         logit_bias=tuple(sorted((fields.logit_bias or {}).items())),
+        speculative=fields.speculative,
     )
 
 

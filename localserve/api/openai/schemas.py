@@ -172,6 +172,7 @@ class SamplingFields(_Model):
     user: str | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+    speculative: bool = True  # false: this request drafts no tokens (speculative decoding, --speculative)
     priority: float | str | None = None
 
     @field_validator("stop")

@@ -43,12 +43,15 @@ class AnswerMeta:
 
 def usage(usages: Sequence[Usage | None], num_choices_per_prompt: int) -> JsonDict:
     """OpenAI usage: each prompt counted once however many choices it has;
-    completion tokens summed over all choices."""
-    prompt = cached = completion = 0
+    completion tokens summed over all choices. Drafts of speculative decoding
+    go where OpenAI reports predicted-output tokens."""
+    prompt = cached = completion = drafted = accepted = 0
     for index, counts in enumerate(usages):
         if counts is None:
             continue
         completion += counts.num_output_tokens
+        drafted += counts.num_draft_tokens
+        accepted += counts.num_accepted_tokens
         if index % num_choices_per_prompt == 0:
             prompt += counts.num_prompt_tokens
             cached += counts.num_cached_tokens
@@ -57,6 +60,10 @@ def usage(usages: Sequence[Usage | None], num_choices_per_prompt: int) -> JsonDi
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        },
     }
 
 

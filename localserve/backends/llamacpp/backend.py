@@ -35,6 +35,9 @@ _DECODE_ERRORS = {
 }
 
 
+#: Drafts one sequence may carry into a step (speculative decoding); the scheduler's --draft-max is capped here.
+MAX_DRAFT_TOKENS = 32
+
 _FLASH_ATTN = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -133,6 +136,7 @@ class LlamaCppBackend(GenerativeBackend):
             max_num_batched_tokens=config.batch_tokens,
             kv_tokens=per_slot * parallel if self._split_kv else kv_actual,
             n_ctx=min(n_ctx, per_slot),
+            max_draft_tokens=MAX_DRAFT_TOKENS,
         )
         self._n_ctx_train = n_ctx_train
 
@@ -175,19 +179,52 @@ class LlamaCppBackend(GenerativeBackend):
             reason = _DECODE_ERRORS.get(rc, "internal error")
             raise BackendError(f"llama_decode failed with code {rc} ({reason})")
         sampled: dict[int, SampledToken] = {}
+        accepted: dict[int, tuple[SampledToken, ...]] = {}
         for chunk, index in sample_at:
             if chunk.seq_id in failed:
+                self._drop_drafts(mem, chunk, 0)
                 continue
             try:
-                token_id = self._chains[chunk.seq_id].sample(ctx, index)
+                sampled[chunk.seq_id] = first = self._sample(ctx, chunk, index)
+                if chunk.num_draft:
+                    accepted[chunk.seq_id] = more = self._verify(ctx, chunk, index, first.token_id)
+                    self._drop_drafts(mem, chunk, len(more))
             except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
                 failed[chunk.seq_id] = exc.message
-                continue
-            logprob = None
-            if chunk.sampling.logprobs is not None:
-                logprob = token_logprob(ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
-            sampled[chunk.seq_id] = SampledToken(token_id, logprob)
-        return StepResult(sampled=sampled, failed=failed)
+                sampled.pop(chunk.seq_id, None)
+                accepted.pop(chunk.seq_id, None)
+                self._drop_drafts(mem, chunk, 0)
+        return StepResult(sampled=sampled, failed=failed, accepted=accepted)
+
+    def _sample(self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int) -> SampledToken:
+        token_id = self._chains[chunk.seq_id].sample(ctx, index)
+        logprob = None
+        if chunk.sampling.logprobs is not None:
+            logprob = token_logprob(ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
+        return SampledToken(token_id, logprob)
+
+    def _verify(
+        self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int, token_id: int
+    ) -> tuple[SampledToken, ...]:
+        """Sample at each draft position while the token sampled before it
+        equals the draft (engine/speculation.py): the tokens sampled after
+        each accepted draft, in order."""
+        drafts = chunk.token_ids[len(chunk.token_ids) - chunk.num_draft :]
+        out: list[SampledToken] = []
+        for offset, draft in enumerate(drafts, start=1):
+            if token_id != draft:
+                break
+            sampled = self._sample(ctx, chunk, index + offset)
+            out.append(sampled)
+            token_id = sampled.token_id
+        return tuple(out)
+
+    @staticmethod
+    def _drop_drafts(mem: llama_cpp.llama_memory_t, chunk: SeqChunk, num_accepted: int) -> None:
+        """Remove the KV cells of the drafts that were not accepted."""
+        if chunk.num_draft > num_accepted:
+            first = chunk.start_pos + len(chunk.token_ids) - chunk.num_draft + num_accepted
+            llama_cpp.llama_memory_seq_rm(mem, chunk.slot, first, -1)
 
     def release(self, seq_ids: Collection[int]) -> None:
         for seq_id in seq_ids:
@@ -253,7 +290,7 @@ class LlamaCppBackend(GenerativeBackend):
 
 def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChunk, int]]:
     """Write the step's tokens into `b`; the chunks that sample, with the
-    index of their last token in `b`."""
+    index in `b` of their last token before any drafts."""
     token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
     k = 0
     sample_at = []
@@ -272,8 +309,10 @@ def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChu
             logits[k] = 0
             k += 1
             p += 1
-        if chunk.sample:
-            logits[k - 1] = 1
-            sample_at.append((chunk, k - 1))
+        if chunk.sample:  # logits at the last token, and at every draft verified after it
+            first = k - 1 - chunk.num_draft
+            for i in range(first, k):
+                logits[i] = 1
+            sample_at.append((chunk, first))
     b.n_tokens = k
     return sample_at

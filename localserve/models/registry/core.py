@@ -305,6 +305,8 @@ class ModelRegistry(RegistryViews):
             reserved_slots=None if settings.reserved_slots < 0 else settings.reserved_slots,
             itl_target=settings.batch_itl_target,
             ttft_target=settings.batch_ttft_target,
+            speculative=settings.speculative,
+            draft_max=settings.draft_max,
         )
         return EngineConfig(max_queue=settings.max_queue, scheduler=scheduler)
 

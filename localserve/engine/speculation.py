@@ -1,0 +1,174 @@
+"""Speculative decoding: draft tokens for a sequence, and how many are worth verifying.
+
+A decoding sequence may carry k drafted tokens into a step. The backend
+feeds ``[last token, draft_1 .. draft_k]`` in the step's one forward pass,
+with logits at each of those positions, and samples them in order with the
+sequence's own sampler chain: while the sampled token equals the next draft
+token, the next position's logits are valid and it samples again. Every
+token it returns is a true sample of the model given the tokens before it,
+so the output is what decoding one token a step would give: at
+temperature 0 exactly (for the same batch composition), and with sampling
+the same distribution. For a proposer whose draft is one token with
+certainty (prompt lookup here; a greedy draft model), "sample and compare"
+*is* the standard acceptance rule: accept draft x with probability
+min(1, p(x)/q(x)) = p(x), and on a rejection sample from the residual
+normalised (p with x removed), which is what the sample that differed was
+drawn from. `accept_drafts` states the general rule (a stochastic q) and the
+tests check both against each other. Because each sampler chain samples and
+accepts its tokens in order, grammars, logit bias, penalties, `min_tokens`,
+`logprobs` and seeded sampling all see the same token stream with or
+without speculation.
+
+The proposer here is prompt lookup (`NgramDrafter`): the longest recent
+n-gram at the sequence's end that occurred before, in its prompt or its
+output, proposes the tokens that followed it then. No second model; it wins
+where output copies input (editing, rewriting, code, quoting) and proposes
+nothing on ordinary chat.
+
+How many to verify (`draft_lengths`): a step costs about
+``a + b * tokens + c * sequences`` (`StepTimeModel`, learned from the steps
+that ran), and a sequence whose drafts are accepted with probability alpha
+each gains ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens from k drafts. The
+scheduler picks the one cap K on draft length for the step that gives the
+most expected tokens per predicted second, K = 0 (no speculation) included,
+so a compute-bound step drafts nothing. Each sequence's alpha follows its
+own recent acceptance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NGRAM_SIZES = (4, 3, 2)  # longest first: a longer match predicts better
+PRIOR_ACCEPTANCE = 0.7  # a new sequence's acceptance rate until it has drafted
+ACCEPTANCE_MEMORY = 0.3  # weight of the newest step in a sequence's acceptance rate
+RECOVERY = 0.02  # a step with drafts on offer but none verified moves the rate this much back toward the prior
+
+
+@dataclass(slots=True)
+class NgramDrafter:
+    """Prompt lookup over one sequence's tokens, with an index kept up to date
+    incrementally: for each n, the n-gram -> the position right after its most
+    recent occurrence that ends before the sequence's last token."""
+
+    indexes: dict[int, dict[tuple[int, ...], int]] = field(default_factory=lambda: {n: {} for n in NGRAM_SIZES})
+    num_indexed: int = 0  # positions whose n-grams ending there are in the indexes
+
+    def propose(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens that followed the last occurrence of the
+        sequence's longest matching tail n-gram; [] when none matches."""
+        if max_tokens <= 0:
+            return []
+        end = len(token_ids) - 1  # index n-grams ending before the last token only
+        for i in range(max(self.num_indexed, 1), end):
+            for n, index in self.indexes.items():
+                if i + 1 >= n:
+                    index[tuple(token_ids[i + 1 - n : i + 1])] = i + 1
+        self.num_indexed = max(self.num_indexed, end)
+        for n in NGRAM_SIZES:
+            if len(token_ids) < n:
+                continue
+            start = self.indexes[n].get(tuple(token_ids[-n:]))
+            if start is not None:
+                return list(token_ids[start : start + max_tokens])
+        return []
+
+
+@dataclass(slots=True)
+class SpecState:
+    """One sequence's speculation: its drafter and its recent acceptance rate."""
+
+    drafter: NgramDrafter = field(default_factory=NgramDrafter)
+    acceptance: float = PRIOR_ACCEPTANCE
+    num_drafted: int = 0
+    num_accepted: int = 0
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """A step verified `num_drafted` drafts and kept `num_accepted`."""
+        if num_drafted <= 0:
+            return
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        rate = num_accepted / num_drafted
+        self.acceptance += ACCEPTANCE_MEMORY * (rate - self.acceptance)
+
+    def rest(self) -> None:
+        """Drafts were on offer but the step verified none: the rate drifts
+        back toward the prior, so a sequence whose drafts once failed is
+        tried again now and then (the text it copies may have changed)."""
+        self.acceptance += RECOVERY * (PRIOR_ACCEPTANCE - self.acceptance)
+
+
+def expected_tokens(acceptance: float, num_draft: int) -> float:
+    """Tokens a step yields for a sequence verifying `num_draft` drafts, each
+    accepted with probability `acceptance` given the ones before it were."""
+    if num_draft <= 0:
+        return 1.0
+    if acceptance >= 1.0:
+        return float(num_draft + 1)
+    return (1.0 - acceptance ** (num_draft + 1)) / (1.0 - acceptance)
+
+
+def draft_lengths(
+    proposals: Seq[tuple[float, int]],
+    *,
+    num_tokens: int,
+    num_seqs: int,
+    coefficients: tuple[float, float, float],
+    max_draft: int,
+) -> int:
+    """The cap K on draft length that gives the step the most expected tokens
+    per predicted second. `proposals` are (acceptance, drafts available) of
+    the sequences that could draft; the step already holds `num_tokens`
+    tokens of `num_seqs` sequences (each of those yields one token, or its
+    prompt chunk); `coefficients` are the step-time model's (a, b, c)."""
+    a, b, c = coefficients
+    best_k, best_rate = 0, 0.0
+    base_time = a + b * num_tokens + c * num_seqs
+    if base_time <= 0.0:
+        return 0
+    base_yield = float(num_seqs)
+    best_rate = base_yield / base_time
+    for k in range(1, max_draft + 1):
+        extra_tokens = 0
+        gain = 0.0
+        for acceptance, available in proposals:
+            n = min(k, available)
+            extra_tokens += n
+            gain += expected_tokens(acceptance, n) - 1.0
+        rate = (base_yield + gain) / (base_time + b * extra_tokens)
+        if rate > best_rate * (1.0 + 1e-9):
+            best_k, best_rate = k, rate
+    return best_k
+
+
+def accept_drafts(
+    target: np.ndarray, draft: np.ndarray, draft_ids: Seq[int], rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """The standard speculative-sampling rule for a stochastic proposer
+    (Leviathan et al. 2023; Chen et al. 2023). `target[i]` and `draft[i]` are
+    the target's and the proposer's distributions at draft position i
+    (`target` has one more row: the position after the last draft). Accept
+    draft x with probability min(1, p(x)/q(x)); at the first rejection sample
+    from the normalised residual max(0, p - q) and stop; if all are accepted,
+    sample one more token from the last row. Returns the tokens and the
+    number of drafts accepted. (The engine's proposers are deterministic, for
+    which this is "sample from p and compare"; this states the rule they
+    follow, and the tests hold the two to the same distribution.)"""
+    out: list[int] = []
+    for i, x in enumerate(draft_ids):
+        p, q = target[i], draft[i]
+        if q[x] <= 0.0 or rng.random() < min(1.0, p[x] / q[x]):
+            out.append(int(x))
+            continue
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p
+        out.append(int(rng.choice(len(p), p=residual)))
+        return out, i
+    last = target[len(draft_ids)]
+    out.append(int(rng.choice(len(last), p=last)))
+    return out, len(draft_ids)

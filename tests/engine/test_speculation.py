@@ -1,0 +1,214 @@
+"""Speculative decoding: the n-gram drafter, the acceptance rule, and the
+scheduler with drafts verified in the shared step (scripted backend; the KV
+view is checked after every step, rejections included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.speculation import NgramDrafter, accept_drafts, draft_lengths, expected_tokens
+
+from .scripted import Driver, hashed_next_token, linear_cost, make_capacity, prompt
+
+SPEC = SchedulerConfig(speculative="ngram", draft_max=6)
+
+
+def copying(source: list[int], *, diverge_every: int = 0):  # type: ignore[no-untyped-def]
+    """A model that copies `source` after the prompt: the i-th output token is
+    source[i]; every `diverge_every`-th output is a different (hashed) token
+    instead, so drafts taken from the prompt are sometimes rejected."""
+    num_prompt = len(source)
+
+    def next_token(history: tuple[int, ...]) -> int:
+        index = len(history) - num_prompt
+        if diverge_every and index % diverge_every == diverge_every - 1:
+            return 400 + hashed_next_token(history) % 50
+        return source[index % len(source)]
+
+    return next_token
+
+
+def run(config: SchedulerConfig | None, prompts: dict[str, list[int]], next_token, **kwargs):  # type: ignore[no-untyped-def]
+    capacity = kwargs.pop("capacity", make_capacity(max_num_seqs=4, max_draft_tokens=16))
+    driver = Driver(capacity, config=config, next_token=next_token, step_cost=kwargs.pop("step_cost", None))
+    for request_id, ids in prompts.items():
+        driver.add(request_id, ids, **kwargs)
+    driver.run()
+    return driver
+
+
+# ---- the drafter -------------------------------------------------------------------------------
+
+
+def test_ngram_drafter_proposes_what_followed_the_last_occurrence():
+    drafter = NgramDrafter()
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    assert drafter.propose(tokens, 4) == [4, 5, 6, 7]
+    tokens += [4, 9, 9]  # grows: the index follows incrementally
+    assert drafter.propose(tokens, 3) == []  # (4, 9, 9) / (9, 9) occur nowhere before
+    tokens += [1, 2]
+    assert drafter.propose(tokens, 2) == [3, 4]  # the most recent (1, 2) was followed by 3, 4
+    assert drafter.propose(tokens, 0) == []
+
+
+def test_ngram_drafter_prefers_the_longest_match():
+    drafter = NgramDrafter()
+    # (7, 8) is followed by 1 at its first occurrence and by 2 after (6, 7, 8)
+    tokens = [6, 7, 8, 2, 0, 5, 7, 8, 1, 0, 6, 7, 8]
+    assert drafter.propose(tokens, 1) == [2]
+
+
+# ---- the acceptance rule -------------------------------------------------------------------------
+
+
+def test_the_acceptance_rule_keeps_the_target_distribution():
+    """Stochastic proposer: accept x with min(1, p/q), else sample the residual.
+    The first token out must be distributed as p, whatever q is."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    q = np.array([0.1, 0.1, 0.2, 0.3, 0.3])  # a poor proposer
+    counts = np.zeros(5)
+    num = 40_000
+    for _ in range(num):
+        draft = int(rng.choice(5, p=q))
+        tokens, _ = accept_drafts(np.stack([p, p]), q[None, :], [draft], rng)
+        counts[tokens[0]] += 1
+    expected = p * num
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.0, (counts, expected)  # 4 degrees of freedom: p < 0.001 at 18.5
+
+
+def test_sample_and_compare_is_the_rule_for_a_certain_draft():
+    """q = one-hot (prompt lookup, a greedy draft model): the rule accepts x
+    with probability p(x), as sampling from p and comparing does, and both
+    give the target distribution for the first token and the right
+    acceptance rate."""
+    rng = np.random.default_rng(11)
+    p = np.array([0.3, 0.4, 0.2, 0.1])
+    q = np.zeros(4)
+    q[1] = 1.0
+    num = 30_000
+    rule = np.zeros(4)
+    compare = np.zeros(4)
+    rule_accepts = compare_accepts = 0
+    for _ in range(num):
+        tokens, n = accept_drafts(np.stack([p, p]), q[None, :], [1], rng)
+        rule[tokens[0]] += 1
+        rule_accepts += n
+        sampled = int(rng.choice(4, p=p))
+        compare[sampled] += 1
+        compare_accepts += sampled == 1
+    for counts in (rule, compare):
+        assert np.allclose(counts / num, p, atol=0.015)
+    assert abs(rule_accepts / num - 0.4) < 0.015 and abs(compare_accepts / num - 0.4) < 0.015
+
+
+def test_expected_tokens_and_the_draft_length_rule():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    # Fixed-cost steps (a memory-bound GPU): drafts are nearly free, take them all.
+    assert draft_lengths([(0.8, 8)], num_tokens=1, num_seqs=1, coefficients=(0.01, 1e-5, 0.0), max_draft=8) == 8
+    # Compute-bound (every token costs what a step costs): drafting never pays.
+    assert draft_lengths([(0.8, 8)], num_tokens=16, num_seqs=16, coefficients=(0.0, 0.01, 0.0), max_draft=8) == 0
+    # Low acceptance: none.
+    assert draft_lengths([(0.05, 8)], num_tokens=1, num_seqs=1, coefficients=(0.01, 0.003, 0.0), max_draft=8) == 0
+
+
+# ---- the scheduler with drafts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("diverge_every", [0, 5, 3])
+def test_outputs_equal_decoding_without_speculation(diverge_every):
+    source = prompt(10, 40)
+    prompts = {"a": source, "b": source[:30] + [7, 8], "c": [3, 4, *source[5:25]]}
+    model = copying(source, diverge_every=diverge_every)
+    plain = run(None, prompts, model, max_tokens=60, temperature=0)
+    spec = run(SPEC, prompts, model, max_tokens=60, temperature=0)
+    for request_id in prompts:
+        assert spec.records[request_id].token_ids == plain.records[request_id].token_ids
+        assert spec.records[request_id].text == plain.records[request_id].text
+    assert spec.backend.num_drafted > 0
+    if diverge_every:
+        assert spec.backend.num_accepted < spec.backend.num_drafted  # rejections happened, and were undone
+    else:  # "a" copies its prompt exactly; "b" and "c" start elsewhere, and their first drafts miss
+        assert spec.backend.num_accepted > 0.8 * spec.backend.num_drafted
+    assert len(spec.batches) <= len(plain.batches)  # never more steps for the same tokens
+    if diverge_every != 3:
+        assert len(spec.batches) < len(plain.batches)
+    counters = spec.scheduler.counters
+    assert (counters.num_draft_tokens, counters.num_accepted_tokens) == (
+        spec.backend.num_drafted,
+        spec.backend.num_accepted,
+    )
+    last = spec.records["a"].last
+    assert last.num_draft_tokens > 0 and last.num_accepted_tokens <= last.num_draft_tokens
+
+
+def test_drafts_never_pass_max_tokens_or_the_context():
+    source = prompt(10, 40)
+    driver = run(SPEC, {"a": source}, copying(source), max_tokens=13)
+    assert len(driver.records["a"].token_ids) == 13
+    assert driver.records["a"].last.finish_reason == "length"
+    small = make_capacity(max_num_seqs=1, n_ctx=50, kv_tokens=50, max_draft_tokens=16)
+    driver = run(SPEC, {"a": source}, copying(source), max_tokens=100, capacity=small)
+    assert len(driver.records["a"].token_ids) == 10  # 40 + 10 = n_ctx
+    assert driver.records["a"].last.finish_reason == "length"
+
+
+def test_a_stop_string_inside_accepted_drafts_ends_the_answer_there():
+    source = prompt(10, 40)
+    stop = ("t15 t16",)
+    plain = run(None, {"a": source}, copying(source), max_tokens=30, stop=stop)
+    spec = run(SPEC, {"a": source}, copying(source), max_tokens=30, stop=stop)
+    assert spec.records["a"].text == plain.records["a"].text == "t10 t11 t12 t13 t14 "
+    assert spec.records["a"].last.finish_reason == "stop"
+
+
+def test_speculation_under_kv_pressure_and_preemption_keeps_every_answer():
+    """Small KV: drafts take only free room, sequences are preempted and resumed;
+    every answer equals its run without speculation."""
+    source = prompt(10, 30)
+    capacity = make_capacity(max_num_seqs=3, kv_tokens=140, n_ctx=100, max_draft_tokens=16)
+    prompts = {f"r{i}": source[i:] for i in range(5)}
+    model = copying(source, diverge_every=4)
+    plain = run(None, prompts, model, max_tokens=40, capacity=capacity)
+    spec = run(SPEC, prompts, model, max_tokens=40, capacity=capacity)
+    for request_id in prompts:
+        assert spec.records[request_id].token_ids == plain.records[request_id].token_ids
+    assert spec.scheduler.counters.num_preemptions > 0 or plain.scheduler.counters.num_preemptions > 0
+
+
+def test_a_request_can_turn_it_off_and_the_backend_must_support_it():
+    source = prompt(10, 40)
+    off = run(SPEC, {"a": source}, copying(source), max_tokens=20, speculative=False)
+    assert off.backend.num_drafted == 0
+    no_support = run(SPEC, {"a": source}, copying(source), max_tokens=20, capacity=make_capacity())
+    assert no_support.backend.num_drafted == 0
+    with pytest.raises(ValueError, match="speculative"):
+        Driver(make_capacity(), config=SchedulerConfig(speculative="magic"))
+
+
+def test_compute_bound_steps_draft_nothing():
+    """When each token costs as much as the step (every extra token is paid
+    in full), the step-time model learns it and no drafts are verified."""
+    source = prompt(10, 40)
+    compute_bound = linear_cost(0.0, 0.01, 0.0)
+    prompts = {"a": source, "b": source[1:]}
+    driver = run(SPEC, prompts, copying(source, diverge_every=2), max_tokens=60, step_cost=compute_bound)
+    late = driver.batches[len(driver.batches) // 2 :]
+    assert sum(c.num_draft for b in late for c in b.chunks) == 0
+
+
+def test_fixed_cost_steps_draft_and_follow_the_acceptance_rate():
+    """A step's cost is fixed (a memory-bound GPU, one small sequence): drafts
+    pay while they are accepted; a sequence whose drafts keep failing stops."""
+    source = prompt(10, 40)
+    memory_bound = linear_cost(0.01, 0.0002, 0.0)
+    good = run(SPEC, {"a": source}, copying(source), max_tokens=60, step_cost=memory_bound)
+    assert good.backend.num_accepted == good.backend.num_drafted > 30
+    bad = run(SPEC, {"a": source}, copying(source, diverge_every=1), max_tokens=60, step_cost=memory_bound)
+    assert bad.backend.num_accepted == 0
+    assert bad.backend.num_drafted < good.backend.num_drafted / 2
