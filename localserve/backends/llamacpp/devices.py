@@ -21,7 +21,8 @@ from pathlib import Path
 import llama_cpp
 
 from localserve.backends.device_names import AUTO, CPU, GPU, DeviceTable, Present
-from localserve.errors import LocalServeError
+from localserve.backends.llamacpp import selfcheck
+from localserve.errors import LlamaCppBuildError, LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,17 @@ def place(device: str, present: list[Present] | None = None) -> Placement:
     return Placement(True, found[0].index, f"GPU:{found[0].index}")
 
 
-def load_model(path: Path, device: str, n_gpu_layers: int) -> tuple[llama_cpp.llama_model_p, str]:
+def load_model(
+    path: Path, device: str, n_gpu_layers: int, *, embeddings: bool = False
+) -> tuple[llama_cpp.llama_model_p, str]:
     """Load a GGUF file's weights on `device` (after `init_llama`): the model
     handle and the device label. What both llama.cpp backends do first; a
-    missing or unreadable file is a LocalServeError that names it."""
+    missing or unreadable file is a LocalServeError that names it. The first
+    load with a llama.cpp library checks in a child process that it runs on
+    this CPU (`ensure_runs_here`)."""
     if not path.is_file():
         raise LocalServeError(f"model file not found: {path}")
+    ensure_runs_here(path, embeddings=embeddings)
     placement = place(device)
     params = llama_cpp.llama_model_default_params()
     placement.apply(params, n_gpu_layers)
@@ -146,6 +152,20 @@ def load_model(path: Path, device: str, n_gpu_layers: int) -> tuple[llama_cpp.ll
     if not model:
         raise LocalServeError(f"llama.cpp could not load {path}; is it a GGUF file of a supported architecture?")
     return model, placement.label
+
+
+def ensure_runs_here(path: Path, *, embeddings: bool = False) -> None:
+    """Refuse, in one line that names the fix, a llama.cpp library that dies
+    in a decode on this CPU (selfcheck.py): better a clear error than a
+    server killed by its first request."""
+    verdict = selfcheck.library_verdict(path, embeddings=embeddings)
+    if verdict.signal:
+        raise LlamaCppBuildError(
+            f"this llama-cpp-python build crashes on this CPU ({verdict.detail} while decoding {path.name} in a "
+            f"child process; likely AMX kernels, see README); {selfcheck.FIX}"
+        )
+    if not verdict.ok:
+        log.warning("llama.cpp's decode check was inconclusive (%s); loading %s anyway", verdict.detail, path.name)
 
 
 def available_devices() -> list[str]:

@@ -71,7 +71,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         if config.pooling not in POOLING:
             raise InvalidRequestError(f"unknown pooling {config.pooling!r}; use one of {', '.join(POOLING)}")
         self.config = config
-        model, self._device = load_model(path, config.device, config.n_gpu_layers)
+        model, self._device = load_model(path, config.device, config.n_gpu_layers, embeddings=True)
         self._model, self._ctx, self._mem, self._batch = model, None, None, None
         try:
             self._open_context(model)

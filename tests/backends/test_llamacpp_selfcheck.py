@@ -1,0 +1,235 @@
+"""A llama.cpp build that dies on this CPU is caught, never served.
+
+The wheel recipe (scripts/llama_wheel.py) and the runtime check
+(backends/llamacpp/selfcheck.py) are tested against a stand-in library that
+dies with a real SIGILL in the child process, and against the real library,
+which must pass. The real native build itself is tested by `make test` on
+whatever CPU runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from localserve.backends.llamacpp import selfcheck
+from localserve.errors import LlamaCppBuildError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_wheel_script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("llama_wheel", ROOT / "scripts" / "llama_wheel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["llama_wheel"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+llama_wheel = _load_wheel_script()
+
+DIES = "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n"
+
+
+def dying_script(tmp_path: Path) -> Path:
+    """A stand-in for the check's child that dies as a broken build does: a real SIGILL."""
+    script = tmp_path / "dies.py"
+    script.write_text(DIES)
+    return script
+
+
+def stand_in_wheel(out_dir: Path, *, dies: bool) -> Path:
+    """A wheel whose llama_cpp dies with SIGILL on import, or a copy of the real, installed llama_cpp."""
+    import llama_cpp
+
+    wheel = out_dir / f"llama_cpp_python-{llama_wheel.VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        if dies:
+            archive.writestr("llama_cpp/__init__.py", DIES)
+        else:
+            package = Path(llama_cpp.__file__).parent
+            for path in package.rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, Path("llama_cpp") / path.relative_to(package))
+    return wheel
+
+
+# ---- the key -----------------------------------------------------------------------------------
+
+
+def test_the_key_changes_with_everything_that_changes_the_binary(monkeypatch):
+    base = llama_wheel.Inputs(cpu_flags=("avx2", "avx512f"), machine="x86_64")
+    key = llama_wheel.wheel_key(base)
+    for changed in (
+        replace(base, cmake_args="-DGGML_CUDA=on"),
+        replace(base, cflags="-O2"),
+        replace(base, cxxflags="-O2"),
+        replace(base, try_amx=True),
+        replace(base, cpu_flags=("amx_tile", "avx2", "avx512f")),
+        replace(base, machine="aarch64"),
+    ):
+        assert llama_wheel.wheel_key(changed) != key, changed
+    monkeypatch.setattr(llama_wheel, "RECIPE", llama_wheel.RECIPE + 1)
+    assert llama_wheel.wheel_key(base) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(llama_wheel, "VERSION", "0.3.99")
+    assert llama_wheel.wheel_key(base) != key
+
+
+def test_the_inputs_come_from_the_environment():
+    inputs = llama_wheel.Inputs.from_env(
+        {"CMAKE_ARGS": " -DGGML_NATIVE=OFF ", "CFLAGS": "-O3", "CXXFLAGS": "-O1", "LOCALSERVE_TRY_AMX": "1"}
+    )
+    assert (inputs.cmake_args, inputs.cflags, inputs.cxxflags, inputs.try_amx) == (
+        "-DGGML_NATIVE=OFF",
+        "-O3",
+        "-O1",
+        True,
+    )
+    assert inputs.cpu_flags == llama_wheel.cpu_flags()
+
+
+# ---- which builds, in which order --------------------------------------------------------------------
+
+
+def test_native_builds_leave_out_amx_then_fall_back_to_portable():
+    amx = llama_wheel.Inputs(cflags="-O2", cpu_flags=("amx_int8", "amx_tile", "avx512f"), machine="x86_64")
+    names = [(v.name, v.cflags, v.cmake_args) for v in llama_wheel.variants(amx)]
+    assert names == [
+        ("native-no-amx", f"-O2 {llama_wheel.NO_AMX}", ""),
+        ("portable", "-O2", "-DGGML_NATIVE=OFF"),
+    ]
+    tried = [v.name for v in llama_wheel.variants(replace(amx, try_amx=True))]
+    assert tried == ["native", "native-no-amx", "portable"]
+    no_amx = [v.name for v in llama_wheel.variants(replace(amx, cpu_flags=("avx2",), try_amx=True))]
+    assert no_amx == ["native-no-amx", "portable"]  # nothing to try: the CPU has no AMX
+    asked = llama_wheel.variants(replace(amx, cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX2=on"))
+    assert [(v.name, v.cmake_args) for v in asked] == [("portable", "-DGGML_NATIVE=OFF -DGGML_AVX2=on")]
+    arm = [v.name for v in llama_wheel.variants(replace(amx, machine="aarch64", cpu_flags=("asimd",)))]
+    assert arm == ["native", "portable"]
+
+
+@pytest.mark.slow
+def test_a_build_that_dies_in_the_check_falls_back_and_is_never_reused(tmp_path, smollm2_path, capsys, monkeypatch):
+    """The first build's llama_cpp dies with SIGILL in the check's child; the
+    portable one (here the real library) passes and is kept, with one line
+    saying so. The same inputs reuse it; a new RECIPE builds again."""
+    built: list[str] = []
+
+    def build(variant, out_dir: Path, log_file: Path) -> Path:  # type: ignore[no-untyped-def]
+        built.append(variant.name)
+        log_file.write_text("stand-in build\n")
+        return stand_in_wheel(out_dir, dies=variant.name != "portable")
+
+    inputs = llama_wheel.Inputs(cpu_flags=("amx_tile", "avx512f"), machine="x86_64")
+    check = llama_wheel.wheel_checker(smollm2_path)
+    wheel = llama_wheel.ensure(inputs, tmp_path, build, check)
+    assert built == ["native-no-amx", "portable"]
+    assert wheel.is_file() and wheel.parent.name.endswith(llama_wheel.wheel_key(inputs))
+    kept = json.loads((wheel.parent / "kept.json").read_text())
+    assert kept["variant"] == "portable" and "native-no-amx died on SIGILL" in kept["why"]
+    assert "decoded 1 and 8 sequences" in kept["check"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llama.cpp: kept")]
+    assert lines == [f"llama.cpp: kept the portable build ({kept['why']})"]
+
+    assert llama_wheel.ensure(inputs, tmp_path, build, check) == wheel
+    assert built == ["native-no-amx", "portable"]  # reused, nothing built
+
+    monkeypatch.setattr(llama_wheel, "RECIPE", llama_wheel.RECIPE + 1)  # the recipe changed
+    again = llama_wheel.ensure(inputs, tmp_path, build, check)
+    assert again != wheel and built == ["native-no-amx", "portable", "native-no-amx", "portable"]
+
+
+# ---- the runtime check (serve, run, batch run) ---------------------------------------------------
+
+
+def test_the_real_library_passes_the_check(smollm2_path):
+    verdict = selfcheck.run_check(smollm2_path)
+    assert verdict.ok, verdict
+    assert "decoded 1 and 8 sequences" in verdict.detail
+
+
+def test_a_child_that_dies_on_sigill_is_a_crash_verdict(tmp_path, smollm2_path):
+    verdict = selfcheck.run_check(smollm2_path, script=dying_script(tmp_path))
+    assert not verdict.ok and verdict.signal == "SIGILL"
+    assert verdict.line() == "died on SIGILL"
+    assert not list(tmp_path.glob("core*"))
+
+
+def test_a_crash_verdict_is_remembered_by_library_and_refuses_the_load(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setenv("LOCALSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOCALSERVE_LLAMA_CHECK", raising=False)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libggml-cpu.so").write_bytes(b"a build that dies")
+    real_run_check = selfcheck.run_check
+    calls = []
+
+    def dying_check(model_path, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(model_path)
+        return real_run_check(model_path, script=dying_script(tmp_path))
+
+    monkeypatch.setattr(selfcheck, "run_check", dying_check)
+    monkeypatch.setattr(selfcheck, "_checked", {})
+    verdict = selfcheck.library_verdict(smollm2_path, lib_dir=lib)
+    assert verdict.signal == "SIGILL" and len(calls) == 1
+    stored = list((tmp_path / "cache" / "llama-check").glob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["signal"] == "SIGILL"
+    monkeypatch.setattr(selfcheck, "_checked", {})  # a new process: the verdict comes from disk
+    assert selfcheck.library_verdict(smollm2_path, lib_dir=lib) == verdict and len(calls) == 1
+    (lib / "libggml-cpu.so").write_bytes(b"rebuilt")  # another library: checked anew
+    selfcheck.library_verdict(smollm2_path, lib_dir=lib)
+    assert len(calls) == 2
+
+
+def _seed_crash_verdict(cache: Path, model: Path, tmp_path: Path) -> None:
+    """Store, for the installed library, the verdict a real SIGILL in the child gives."""
+    import llama_cpp
+
+    verdict = selfcheck.run_check(model, script=dying_script(tmp_path))
+    assert verdict.signal == "SIGILL"
+    digest = selfcheck.library_digest(Path(llama_cpp.__file__).parent / "lib")
+    (cache / "llama-check").mkdir(parents=True)
+    (cache / "llama-check" / f"{digest}.json").write_text(
+        json.dumps({"ok": verdict.ok, "detail": verdict.detail, "signal": verdict.signal})
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_serve_and_run_refuse_a_crashing_build_in_one_line(tmp_path, smollm2_path, command):
+    cache = tmp_path / "cache"
+    _seed_crash_verdict(cache, smollm2_path, tmp_path)
+    env = dict(os.environ, LOCALSERVE_CACHE=str(cache), LOCALSERVE_HOME=str(tmp_path / "home"))
+    env.pop("LOCALSERVE_LLAMA_CHECK", None)
+    args = {
+        "run": ["run", str(smollm2_path), "hello", "--max-tokens", "4"],
+        "serve": ["serve", "--model", str(smollm2_path), "--port", "0"],
+    }[command]
+    child = subprocess.run(
+        [sys.executable, "-m", "localserve", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 1, child.stderr
+    errors = [line for line in child.stderr.splitlines() if "crashes on this CPU" in line]
+    assert len(errors) == 1, child.stderr
+    assert "SIGILL" in errors[0] and "-mno-amx-tile" in errors[0] and "GGML_NATIVE=OFF" in errors[0]
+
+
+def test_the_load_raises_a_clear_error_on_a_crash_verdict(monkeypatch, smollm2_path):
+    from localserve.backends.llamacpp import devices
+
+    monkeypatch.setattr(
+        selfcheck, "library_verdict", lambda path, **kw: selfcheck.Verdict(False, "died", signal.SIGILL.name)
+    )
+    with pytest.raises(LlamaCppBuildError, match="crashes on this CPU") as caught:
+        devices.load_model(smollm2_path, "cpu", 0)
+    assert caught.value.code == "llama_cpp_build_crashes"
