@@ -130,7 +130,7 @@ bench: $(STAMP)
 	$(BIN)/localserve bench $(ARGS)
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
 	find localserve tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

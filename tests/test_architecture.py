@@ -1,7 +1,9 @@
 """The layering docs/architecture.md describes, checked on the source: no
 import cycles between the modules of `localserve` (imports inside functions
-count too; those under `if TYPE_CHECKING:` do not run and do not count), and
-no HTTP in the serving layer."""
+count too, and so does a module's import of its own package; those under
+`if TYPE_CHECKING:` do not run and do not count), and no HTTP in the serving
+layer. Which layer may import which is import-linter's contracts
+(`[tool.importlinter]` in pyproject.toml, run by `make lint`)."""
 
 from __future__ import annotations
 
@@ -60,9 +62,10 @@ def imported_names(module: str, path: Path, *, runtime_only: bool = True) -> set
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports. Importing a
-    module runs its packages' `__init__` first, but a module that imports its
-    own package's face is no cycle (Python has the package half-built then)."""
+    """Module -> the modules of the same package it imports. A module that
+    imports its own package (`from pkg import sibling` names `pkg` too) counts
+    like any other import: when `pkg/__init__` imports the module back, that
+    is a cycle (it works only while Python has `pkg` half-built)."""
     modules = module_files(root)
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
@@ -70,7 +73,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
         for name in imported_names(module, path):
             while name and name not in modules:
                 name = name.rpartition(".")[0]
-            if name and name != module and not module.startswith(name + "."):
+            if name and name != module:
                 targets.add(name)
         graph[module] = targets
     return graph
@@ -99,6 +102,18 @@ def test_the_check_finds_a_cycle_through_an_import_inside_a_function(tmp_path: P
     cycle = find_cycle(import_graph(package))
     assert cycle is not None and set(cycle) == {"pkg.a", "pkg.sub.b", "pkg.c"}
     (package / "c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import pkg.a\n")
+    assert find_cycle(import_graph(package)) is None
+
+
+def test_the_check_finds_a_module_that_imports_its_own_package_back(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.core import Thing\n")
+    (package / "core.py").write_text("from pkg import helpers\n")
+    (package / "helpers.py").write_text("")
+    cycle = find_cycle(import_graph(package))
+    assert cycle is not None and set(cycle) == {"pkg", "pkg.core"}
+    (package / "core.py").write_text("from pkg.helpers import x\n")
     assert find_cycle(import_graph(package)) is None
 
 

@@ -57,7 +57,8 @@ from localserve.models.policy import (
     parse_keep_alive,
     parse_max_loaded_models,
 )
-from localserve.models.registry import keeping, opening
+from localserve.models.registry.keeping import Keeper, check_kind, retrieve
+from localserve.models.registry.opening import open_generative, open_oneshot
 from localserve.models.registry.records import (
     LOADED,
     LOADING,
@@ -95,7 +96,7 @@ class ModelRegistry(RegistryViews):
         self._names: dict[str, str] = {}  # a name clients used -> the id its model is served under
         self._startup_specs: dict[str, ModelSpec] = {}
         self.startup: asyncio.Task[None] | None = None  # the start-up loads, while they run
-        self.keeper = keeping.Keeper(self)
+        self.keeper = Keeper(self)
 
     # ---- start-up and shutdown -------------------------------------------------------
 
@@ -198,13 +199,13 @@ class ModelRegistry(RegistryViews):
                     if spec.model_id != model_id:  # `llama3.2` is served as `llama3.2:latest`
                         self._names[model_id] = spec.model_id
                         model_id = spec.model_id
-                keeping.check_kind(model_id, kind_of(spec.labels), kind)
+                check_kind(model_id, kind_of(spec.labels), kind)
                 if options is not None:
                     spec = dataclasses.replace(spec, options=options)
                 record = self.records.get(model_id)  # another request may have started it meanwhile
                 if record is None:
                     record = self._start_load(spec, on_demand=True)
-            keeping.check_kind(model_id, record.kind, kind)
+            check_kind(model_id, record.kind, kind)
             if options is not None and record.spec.options != options and record.state != UNLOADING:
                 raise InvalidRequestError(
                     f"model {model_id!r} is loaded with other options ({record.spec.options.given() or 'its defaults'}); "
@@ -256,7 +257,7 @@ class ModelRegistry(RegistryViews):
         record = ModelRecord(spec, kind_of(spec.labels), default, keep_alive_s=default)
         self.records[spec.model_id] = record
         record.task = asyncio.create_task(self._load(record, on_demand), name=f"localserve-load-{spec.model_id}")
-        record.task.add_done_callback(keeping.retrieve)
+        record.task.add_done_callback(retrieve)
         return record
 
     async def _load(self, record: ModelRecord, on_demand: bool) -> None:
@@ -292,11 +293,11 @@ class ModelRegistry(RegistryViews):
 
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
         """Open a generative model's backend (blocking)."""
-        return opening.open_generative(spec, self.settings)
+        return open_generative(spec, self.settings)
 
     def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
         """Open a one-shot model's backend (blocking: converts on first use)."""
-        return opening.open_oneshot(spec, kind, self.settings)
+        return open_oneshot(spec, kind, self.settings)
 
     def _engine_config(self) -> EngineConfig:
         settings = self.settings

@@ -8,14 +8,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from localserve.errors import InvalidRequestError, QueueFullError
 from localserve.models.policy import ASR, CHAT, EMBEDDINGS, format_keep_alive
 from localserve.models.registry.records import LOADED, LOADING, UNLOADING, ModelRecord
-
-if TYPE_CHECKING:
-    from localserve.models.registry.core import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +22,26 @@ REAP_INTERVAL_S = 1.0
 ROUTES = {CHAT: "/v1/chat/completions", EMBEDDINGS: "/v1/embeddings", ASR: "/v1/audio/transcriptions"}
 
 
+class KeptModels(Protocol):
+    """What a `Keeper` needs of its registry (`ModelRegistry` is one): the
+    records, which it edits (an unloaded model's record goes), the limit per
+    kind, whether a model is busy, and how to close one."""
+
+    @property
+    def records(self) -> dict[str, ModelRecord]: ...
+
+    @property
+    def limits(self) -> Mapping[str, int]: ...
+
+    def busy(self, record: ModelRecord) -> bool: ...
+
+    async def uninstall(self, record: ModelRecord) -> None: ...
+
+
 class Keeper:
     """Eviction, unloads and the reaper of one registry."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: KeptModels) -> None:
         self.registry = registry
         self._kind_locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
