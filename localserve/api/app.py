@@ -30,6 +30,7 @@ from localserve.api.admin import models as models_admin
 from localserve.api.admin.stats import register_stats_routes
 from localserve.api.anthropic import messages
 from localserve.api.hosting import RequestModels
+from localserve.api.leases import release_leases_middleware
 from localserve.api.llamacpp import infill
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
 from localserve.api.ollama import routes as ollama
@@ -64,13 +65,14 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
         client_max_size=settings.max_body_bytes,
         middlewares=[
             metrics.metrics_middleware,  # outermost: counts every answer with its final status
-            error_middleware,  # whatever fails below becomes an envelope
+            # Whatever fails below becomes an error answer: OpenAI's envelope, Ollama's
+            # {"error": "..."} on its routes, Anthropic's {"type": "error", ...} on /v1/messages.
+            error_middleware(ollama.ERROR_SHAPE, messages.ERROR_SHAPE),
             body_timeout_middleware(settings.body_timeout_s),  # 408 for a body that stops arriving
-            ollama.ollama_error_middleware,  # ... or Ollama's {"error": "..."} on its routes
-            messages.anthropic_error_middleware,  # ... or Anthropic's {"type": "error", ...} on /v1/messages
             host_middleware(settings),
             cors_middleware(settings),  # before auth: preflights carry no key
             auth_middleware(settings.api_key),
+            release_leases_middleware,  # innermost: gives back the models a request held once it is done
         ],
     )
     app[SETTINGS] = settings
@@ -87,7 +89,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     app.router.add_post("/api/v1/requests/{request_id}/cancel", cancel_request)
     app.router.add_get("/health", health)
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
-    models_admin.register(app)  # /api/v1/pull, /api/v1/load, DELETE models/{id}; on-demand loads, LRU, keep_alive
+    models_admin.register(app)  # /api/v1/pull, /api/v1/load, /api/v1/loaded, DELETE models/{id}, Ollama's pull/rm/cp
     embeddings.register(app)  # /v1/embeddings
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
     batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)

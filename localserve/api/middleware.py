@@ -1,6 +1,8 @@
-"""Errors and authentication: every failure leaves as an OpenAI error envelope.
+"""Errors and authentication: every failure leaves as an error answer in the
+route's dialect.
 
-`error_middleware` is the outermost middleware. It maps, once:
+`error_middleware` is the outermost middleware but for the metrics'. It
+maps, once for every dialect:
 
 * `LocalServeError` -> its own status (503 `QueueFullError` adds `Retry-After`);
 * pydantic `ValidationError` -> 400 with `param` set to the field's path;
@@ -11,6 +13,10 @@
   the connection closes after the answer (the rest of the body is unread);
 * a body that stops arriving (`body_timeout_middleware`) -> 408, same;
 * anything else -> 500, logged with its traceback; the server goes on.
+
+The answer is OpenAI's envelope, or on a dialect's own routes the shape that
+dialect declares (`ErrorShape`: Ollama's `{"error": "..."}`, Anthropic's
+`{"type": "error", ...}`), always with the same status and headers.
 
 `parse_body` reads and validates a JSON body; text that cannot be encoded
 (a lone UTF-16 surrogate such as `"\\ud800"`, valid JSON but not Unicode)
@@ -27,6 +33,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -111,32 +118,54 @@ def from_http_error(exc: web.HTTPException, request: web.Request) -> LocalServeE
     return error
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every failure into the OpenAI envelope; never let one escape."""
-    try:
-        return await handler(request)
-    except LocalServeError as exc:
-        return error_response(exc)
-    except ValidationError as exc:
-        return error_response(from_validation_error(exc))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise  # redirects and the like are answers, not errors
-        response = error_response(from_http_error(exc, request))
-        if isinstance(exc, web.HTTPMethodNotAllowed):
-            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
-        return response
-    except HttpProcessingError as exc:  # a malformed body read late, e.g. a multipart part's headers
-        return error_response(InvalidRequestError(f"The request body is malformed: {exc.message}"))
-    except web.RequestPayloadError as exc:  # the body itself did not decode (gzip that is not gzip, ...)
-        return error_response(body_read_error(exc))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise  # the client went away: nobody to answer
-    except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        error = LocalServeError("The server had an unexpected error while processing your request.")
-        return error_response(error)
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """How a dialect answers errors on its own routes."""
+
+    on_route: Callable[[str], bool]  # is this request path one of the dialect's routes?
+    answer: Callable[[LocalServeError], web.Response]  # built on `error_response`: same status and headers
+
+
+def error_middleware(*dialects: ErrorShape) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Turn every failure into an error answer; never let one escape. The
+    answer has the shape of the first of `dialects` whose routes the path is
+    on, else OpenAI's envelope."""
+
+    def answer(request: web.Request, error: LocalServeError) -> web.Response:
+        shape = next((d for d in dialects if d.on_route(request.path)), None)
+        return error_response(error) if shape is None else shape.answer(error)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise  # redirects and the like are answers, not errors
+            response = answer(request, from_http_error(exc, request))
+            if isinstance(exc, web.HTTPMethodNotAllowed):
+                response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise  # the client went away: nobody to answer
+        except Exception as exc:
+            return answer(request, as_error(exc, request))
+
+    return middleware
+
+
+def as_error(exc: Exception, request: web.Request) -> LocalServeError:
+    """Any failure of a handler as one of our errors (an unexpected one is logged)."""
+    if isinstance(exc, LocalServeError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return from_validation_error(exc)
+    if isinstance(exc, HttpProcessingError):  # a malformed body read late, e.g. a multipart part's headers
+        return InvalidRequestError(f"The request body is malformed: {exc.message}")
+    if isinstance(exc, web.RequestPayloadError):  # the body itself did not decode (gzip that is not gzip, ...)
+        return body_read_error(exc)
+    log.error("unexpected error in %s %s", request.method, request.path, exc_info=exc)
+    return LocalServeError("The server had an unexpected error while processing your request.")
 
 
 def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:

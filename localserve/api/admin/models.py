@@ -35,7 +35,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve.api.admin.pulls import PULLS, Line, delete_files, stream_pull
-from localserve.api.leases import release_leases_middleware
 from localserve.api.middleware import parse_body
 from localserve.api.state import REGISTRY
 from localserve.errors import LocalServeError
@@ -62,11 +61,10 @@ class LoadRequest(BaseModel):
 
 
 def register(app: web.Application) -> None:
-    """Routes, and the middleware that gives back the models each request held."""
+    """The model management routes."""
     from localserve.api.ollama import admin as ollama_admin
 
     app[PULLS] = {}
-    app.middlewares.append(release_leases_middleware)  # innermost: runs when the handler is done
     app.router.add_post("/api/v1/pull", pull_model)
     app.router.add_post("/api/v1/load", load_model)
     app.router.add_get("/api/v1/loaded", loaded_models)

@@ -13,7 +13,7 @@ event is an `error` event.
 
 Errors on these routes have Anthropic's shape,
 `{"type": "error", "error": {"type", "message"}}`, with the HTTP status
-(`anthropic_error_middleware`): 400 `invalid_request_error`, 401
+(`ERROR_SHAPE`): 400 `invalid_request_error`, 401
 `authentication_error`, 404 `not_found_error` (an unknown model), 529
 `overloaded_error` for a full queue (503 while loading or shutting down),
 500 `api_error`. The key may come as `x-api-key` (see `api.middleware`);
@@ -22,18 +22,14 @@ Errors on these routes have Anthropic's shape,
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from localserve.api.anthropic.request import CountTokensRequest, MessagesRequest, chat_request
 from localserve.api.hosting import RequestModels
-from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
+from localserve.api.middleware import ErrorShape, error_response, parse_body
 from localserve.api.openai.responses import item_id
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError, QueueFullError
@@ -50,10 +46,6 @@ from localserve.serving.types import (
     Usage,
 )
 
-log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 PREFIXES = ("/v1", "/api/v1")
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -69,7 +61,7 @@ OVERLOADED = 529  # Anthropic's status for "overloaded, retry later"
 
 
 def register(app: web.Application) -> None:
-    """Add the Messages routes (add `anthropic_error_middleware` to the app too)."""
+    """Add the Messages routes (give the app's error middleware `ERROR_SHAPE` too)."""
     for prefix in PREFIXES:
         app.router.add_post(f"{prefix}/messages", create_message)
         app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
@@ -79,39 +71,22 @@ def is_messages_path(path: str) -> bool:
     return any(path == f"{p}/messages" or path.startswith(f"{p}/messages/") for p in PREFIXES)
 
 
-@web.middleware
-async def anthropic_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """On the Messages routes, errors (the key's included) have Anthropic's shape."""
-    if not is_messages_path(request.path):
-        return await handler(request)
-    try:
-        return await handler(request)
-    except LocalServeError as exc:
-        return anthropic_error(exc)
-    except ValidationError as exc:
-        return anthropic_error(from_validation_error(exc))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return anthropic_error(from_http_error(exc, request))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        return anthropic_error(LocalServeError("The server had an unexpected error while processing your request."))
-
-
 def error_body(exc: LocalServeError) -> dict[str, Any]:
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 def anthropic_error(exc: LocalServeError) -> web.Response:
-    response = error_response(exc)  # Retry-After and the connection rules as everywhere
+    """Anthropic's error object; Retry-After and the connection rules as everywhere."""
+    response = error_response(exc)
     response.body = json.dumps(error_body(exc)).encode()
     if isinstance(exc, QueueFullError):
         response.set_status(OVERLOADED)
     return response
+
+
+#: Errors on the Messages routes, the key's included (`api.middleware.error_middleware`).
+ERROR_SHAPE = ErrorShape(is_messages_path, anthropic_error)
 
 
 # ---- the message ---------------------------------------------------------------------------

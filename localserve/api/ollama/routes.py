@@ -9,7 +9,7 @@ as if it were Ollama.
   `POST /api/embeddings` (`prompt`), on a loaded embeddings model
 
 Errors on these routes are Ollama's `{"error": "message"}` with the status
-(`ollama_error_middleware`); `/api/v1/...` is this server's own API and keeps
+(`ERROR_SHAPE`); `/api/v1/...` is this server's own API and keeps
 the OpenAI envelope. Models are never pulled, copied or deleted through this
 API (`/api/pull` and the like answer 404; this server's `/api/v1/pull`
 does that); chat and embeddings models not loaded are loaded on demand, and
@@ -21,17 +21,15 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from localserve.api.hosting import RequestModels
-from localserve.api.middleware import error_response, from_http_error, from_validation_error, parse_body
+from localserve.api.middleware import ErrorShape, error_response, parse_body
 from localserve.api.ollama import chat as ollama_chat
 from localserve.api.ollama.models import (
     GENERATE,
@@ -53,10 +51,6 @@ from localserve.serving.embeddings import Embeddings, EmbeddingsRequest
 from localserve.serving.embeddings import embed as serving_embed
 from localserve.serving.fim import fim_tokens
 
-log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 #: The Ollama API level this server answers like (clients check a minimum).
 OLLAMA_VERSION = "0.12.0"
 #: `/api/ps` for a model in use or kept forever: Ollama shows a far expiry then.
@@ -64,7 +58,7 @@ NEVER_EXPIRES = "2318-01-01T00:00:00Z"
 
 
 def register(app: web.Application) -> None:
-    """Add the Ollama routes (add `ollama_error_middleware` to the app too)."""
+    """Add the Ollama routes (give the app's error middleware `ERROR_SHAPE` too)."""
     app.router.add_get("/", root)
     app.router.add_get("/api/version", version)
     app.router.add_get("/api/tags", tags)
@@ -80,33 +74,15 @@ def is_ollama_path(path: str) -> bool:
     return path == "/" or (path.startswith("/api/") and not (path + "/").startswith("/api/v1/"))
 
 
-@web.middleware
-async def ollama_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """On Ollama's routes, errors are `{"error": "..."}` (same statuses and
-    headers as the OpenAI envelope `error_middleware` gives elsewhere)."""
-    if not is_ollama_path(request.path):
-        return await handler(request)
-    try:
-        return await handler(request)
-    except LocalServeError as exc:
-        return _ollama_error(exc)
-    except ValidationError as exc:
-        return _ollama_error(from_validation_error(exc))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _ollama_error(from_http_error(exc, request))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        return _ollama_error(LocalServeError("the server had an unexpected error while processing your request"))
-
-
-def _ollama_error(exc: LocalServeError) -> web.Response:
-    response = error_response(exc)  # status and Retry-After as everywhere
+def ollama_error(exc: LocalServeError) -> web.Response:
+    """Ollama's `{"error": "..."}`, with the status and headers of every error."""
+    response = error_response(exc)
     response.body = json.dumps({"error": exc.message}).encode()
     return response
+
+
+#: Errors on Ollama's routes (`api.middleware.error_middleware`).
+ERROR_SHAPE = ErrorShape(is_ollama_path, ollama_error)
 
 
 # ---- models --------------------------------------------------------------------------
