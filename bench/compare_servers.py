@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -146,7 +147,9 @@ def build_llama_server(*, portable: bool = False) -> None:
     """Download the llama-cpp-python sdist and build its vendored llama.cpp's
     llama-server under ~/.cache/localserve-bench the way llama.cpp's README
     builds it: default CMake options, so a native CPU build with OpenMP
-    (`portable`: GGML_NATIVE=OFF, for a binary that runs on any x86-64)."""
+    (`portable`: GGML_NATIVE=OFF, for a binary that runs on any x86-64). A
+    native build leaves out AMX as our wheel does (scripts/llama_wheel.py:
+    this llama.cpp's AMX kernels die on AMX Xeons), so both run the same code."""
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     build = LLAMA_CPP_SRC / "build"
@@ -162,9 +165,14 @@ def build_llama_server(*, portable: bool = False) -> None:
         steps.append(["tar", "xzf", str(sdist), "-C", str(CACHE)])
     steps.append(["cmake", "-S", str(LLAMA_CPP_SRC), "-B", str(build), *options.split()])
     steps.append(["cmake", "--build", str(build), "--target", "llama-server", f"-j{os.cpu_count() or 2}"])
+    env = dict(os.environ)
+    if not portable and platform.machine().lower() in ("x86_64", "amd64"):
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        env["CFLAGS"] = f"{env.get('CFLAGS', '')} {no_amx}".strip()
+        env["CXXFLAGS"] = f"{env.get('CXXFLAGS', '')} {no_amx}".strip()
     for step in steps:
         print("+", " ".join(step), flush=True)
-        subprocess.run(step, check=True)
+        subprocess.run(step, check=True, env=env)
 
 
 QUIET_LOAD = 0.5  # 1-minute load average below which a run may start

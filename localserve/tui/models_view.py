@@ -75,6 +75,8 @@ class ModelView:
     max_num_seqs: int = 0
     n_ctx: int = 0
     prefix_cache_hit_rate: float = 0.0
+    spec_draft_tokens: int = 0  # speculative decoding: drafts verified
+    spec_accepted_tokens: int = 0  # ... and accepted
     mean_batch_size: float = 0.0
     busy_fraction: float = 0.0
     prefill_tokens_per_s: float = 0.0
@@ -139,6 +141,8 @@ def parse_model(data: Mapping[str, Any]) -> ModelView:
         kv_total=int_(data, "kv_total"),
         max_num_seqs=int_(data, "max_num_seqs"),
         n_ctx=int_(data, "n_ctx"),
+        spec_draft_tokens=int_(data, "spec_draft_tokens"),
+        spec_accepted_tokens=int_(data, "spec_accepted_tokens"),
         classes={str(k): _class(v) for k, v in map_(data, "classes").items() if isinstance(v, Mapping)},
         keep_alive=_keep_alive(data),
         weights_mib=num(options, "weights_mib"),

@@ -22,6 +22,7 @@ COLUMNS = (
     Col("ctx×slots", numeric=True),
     Col("KV use", numeric=True),
     Col("prefix hit", numeric=True, shows_from=185),
+    Col("drafts kept", numeric=True, shows_from=185),  # speculative decoding: accepted / drafted
     Col("avg batch", numeric=True, shows_from=185),
     Col("busy", numeric=True, shows_from=185),
     Col("activity", shows_from=150),
@@ -85,6 +86,7 @@ class ModelsPanel(Widget):
             f"{m.n_ctx}×{m.max_num_seqs}",
             Text(f"{kv:.0%}", style=kv_style(kv)),
             f"{m.prefix_cache_hit_rate:.0%}",
+            f"{m.spec_accepted_tokens / m.spec_draft_tokens:.0%}" if m.spec_draft_tokens else DASH,
             f"{m.mean_batch_size:.1f}",
             f"{m.busy_fraction:.0%}",
             activity,
@@ -96,6 +98,7 @@ class ModelsPanel(Widget):
         return [
             Text("  " + m.model_id, style="bold blue"),
             Text(m.kind or "one-shot", style="magenta"),
+            DASH,
             DASH,
             DASH,
             DASH,

@@ -1,0 +1,103 @@
+"""Speculative decoding on the real SmolLM2: drafts verified by llama.cpp in
+the shared step give the output decoding one token a step gives, and every
+sampling feature keeps working with it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
+from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.types import GenerateRequest, SamplingParams, SchedulerConfig, TokenEvent
+
+pytestmark = pytest.mark.slow
+_ids = itertools.count()
+
+# Prompts the model answers by copying (confident continuations: llama.cpp's
+# CPU kernels round a several-token step differently from a one-token step,
+# which can flip a near-tie, so greedy equality is asked where there is none).
+COPYING = [
+    "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat.",
+    "Copy this list exactly:\n1. apples\n2. bananas\n3. cherries\n4. dates\n5. elderberries\n6. figs",
+    "Return this code unchanged:\n\ndef add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n",
+]
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2_path: Path):
+    b = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512))
+    yield b
+    b.close()
+
+
+def chat(backend: LlamaCppBackend, text: str) -> list[int]:
+    return backend.tokenizer().encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+
+
+async def generate(
+    backend: LlamaCppBackend, mode: str, prompts: list[list[int]], **sampling
+) -> list[tuple[list[int], str, list[TokenEvent]]]:  # type: ignore[no-untyped-def]
+    """Run `prompts` together on an engine whose scheduler speculates (`mode`)."""
+    import asyncio
+
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(speculative=mode)))
+    engine.add_model("smol", backend)
+
+    async def one(ids: list[int]) -> tuple[list[int], str, list[TokenEvent]]:
+        events = [e async for e in engine.submit("smol", GenerateRequest(f"s{next(_ids)}", ids, SamplingParams(**sampling)))]
+        return [t for e in events for t in e.token_ids], "".join(e.text for e in events), events
+
+    try:
+        return list(await asyncio.gather(*(one(ids) for ids in prompts)))
+    finally:
+        await engine.remove_model("smol", close_backend=False)
+        backend.release(range(64))  # the next engine numbers its sequences from 0 again: no stale sampler chain
+
+
+async def test_greedy_output_equals_decoding_without_speculation(backend: LlamaCppBackend) -> None:
+    for text in COPYING:  # one at a time: the same batch composition but for the drafts
+        prompt = [chat(backend, text)]
+        [(plain, _, _)] = await generate(backend, "off", prompt, max_tokens=80, temperature=0.0)
+        [(spec, _, events)] = await generate(backend, "ngram", prompt, max_tokens=80, temperature=0.0)
+        assert spec == plain, text
+        assert events[-1].num_draft_tokens > 0 and events[-1].num_accepted_tokens > 0, text
+
+
+async def test_many_streams_speculating_together_finish_whole(backend: LlamaCppBackend) -> None:
+    prompts = [chat(backend, text) for text in COPYING] + [chat(backend, "Say hi.")]
+    results = await generate(backend, "ngram", prompts, max_tokens=60, temperature=0.0)
+    for tokens, text, events in results:
+        assert tokens and text and events[-1].finish_reason in ("stop", "length")
+        assert events[-1].num_output_tokens == len(tokens) + (events[-1].finish_reason == "stop")
+
+
+async def test_logprobs_stop_strings_and_max_tokens_hold_with_drafts(backend: LlamaCppBackend) -> None:
+    prompt = [chat(backend, COPYING[2])]
+    [(tokens, _, events)] = await generate(backend, "ngram", prompt, max_tokens=40, temperature=0.0, logprobs=2)
+    logprobs = [lp for e in events for lp in e.logprobs]
+    assert [lp.token_id for lp in logprobs] == tokens
+    assert all(lp.top and lp.top[0][0] == lp.token_id for lp in logprobs)  # greedy: the best alternative
+    assert events[-1].num_accepted_tokens > 0
+    [(_, text, events)] = await generate(backend, "ngram", prompt, max_tokens=80, temperature=0.0, stop=("return a - b",))
+    assert "return a + b" in text and "return a - b" not in text and events[-1].finish_reason == "stop"
+    [(tokens, _, events)] = await generate(backend, "ngram", prompt, max_tokens=7, temperature=0.0)
+    assert len(tokens) == 7 and events[-1].finish_reason == "length"
+
+
+async def test_a_grammar_and_seeded_sampling_work_with_drafts(backend: LlamaCppBackend) -> None:
+    grammar = 'root ::= "{" ws "\\"name\\":" ws "\\"" [a-z]+ "\\"" ws "}"\nws ::= [ ]?'
+    prompt = [chat(backend, 'Answer in JSON like {"name": "bob"}. {"name": "ann"} {"name": "bob"} Your turn:')]
+    [(_, text, _)] = await generate(backend, "ngram", prompt, max_tokens=30, temperature=0.0, grammar=grammar)
+    assert set(json.loads(text)) == {"name"}
+    [(tokens, _, events)] = await generate(backend, "ngram", prompt, max_tokens=30, temperature=0.9, seed=5)
+    assert tokens and events[-1].finish_reason in ("stop", "length")
+
+
+async def test_a_request_that_turns_it_off_drafts_nothing(backend: LlamaCppBackend) -> None:
+    prompt = [chat(backend, COPYING[2])]
+    [(_, _, events)] = await generate(backend, "ngram", prompt, max_tokens=40, temperature=0.0, speculative=False)
+    assert events[-1].num_draft_tokens == 0
