@@ -38,7 +38,6 @@ from localserve.api.openai import audio, batches, embeddings, responses
 from localserve.api.openai.batch_service import JOBS
 from localserve.api.openai.chat import chat_completions
 from localserve.api.openai.completions import completions
-from localserve.api.openai.schemas import MAX_CHOICES, MAX_PROMPTS
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
@@ -47,6 +46,7 @@ from localserve.models.policy import CHAT
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelRegistry
 from localserve.serving.generation import request_ids
 from localserve.serving.models import hold_chat_model
+from localserve.serving.openai.schemas import MAX_CHOICES, MAX_PROMPTS
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ import asyncio
 import hmac
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,7 +40,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from localserve.api.state import SETTINGS
-from localserve.api.unicode_text import SURROGATE_ESCAPE, check_unicode
 from localserve.errors import (
     AuthenticationError,
     BodyReadError,
@@ -52,6 +50,7 @@ from localserve.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
+from localserve.serving.validation import SURROGATE_ESCAPE, check_unicode, from_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +59,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Routes that answer without an API key: the liveness probe only.
 PUBLIC_PATHS = frozenset({"/health"})
-
-# pydantic names the members of a union in an error's location ("str",
-# "list[str]", "function-after[...]"); they are not part of the field path.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|dict|list|bytes)$|[\[\-]")
 
 
 def error_response(exc: LocalServeError) -> web.Response:
@@ -76,28 +71,6 @@ def error_response(exc: LocalServeError) -> web.Response:
     elif exc.status == 503:  # loading or restarting: worth a retry soon
         response.headers["Retry-After"] = "1"
     return response
-
-
-def field_path(loc: tuple[int | str, ...]) -> str | None:
-    """`("messages", 0, "content")` -> `"messages[0].content"`."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not _UNION_TAG.search(part):
-            path += f".{part}" if path else part
-    return path or None
-
-
-def from_validation_error(exc: ValidationError) -> InvalidRequestError:
-    """The first problem of a pydantic error, as a readable 400."""
-    first = exc.errors(include_url=False)[0]
-    param = field_path(tuple(first["loc"]))
-    if first["type"] == "missing":
-        return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
-    detail = str(first["msg"]).removeprefix("Value error, ")
-    message = f"Invalid value for '{param}': {detail}" if param else f"Invalid request: {detail}"
-    return InvalidRequestError(message, param=param)
 
 
 def from_http_error(exc: web.HTTPException, request: web.Request) -> LocalServeError:

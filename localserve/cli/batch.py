@@ -104,9 +104,9 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, settings: Any) -> int:
     import functools
 
-    from localserve.api.openai.batch_lines import local_model
     from localserve.jobs.offline import BatchFileError, run_file
     from localserve.jobs.progress import Progress
+    from localserve.serving.openai.batch_lines import local_model
 
     # A partial, not a closure: with --ray it is pickled to every replica.
     open_model = functools.partial(local_model, settings, concurrency=args.concurrency)

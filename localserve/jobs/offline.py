@@ -3,7 +3,7 @@ server. INPUT and OUTPUT are local paths or fsspec URLs (`s3://`, `gs://`,
 `az://`, ...); the errors go to OUTPUT with `.errors.jsonl` for `.jsonl`.
 
 Lines go through the same executor as the server's batches (the serving
-layer, `api.openai.batch_lines`). Results are appended to a local journal as they finish; OUTPUT is
+layer, `serving.openai.batch_lines`). Results are appended to a local journal as they finish; OUTPUT is
 written once at the end, whole and atomically (a rename for a local file, a
 single upload for an object store). A run that is interrupted and started
 again skips the custom_ids already in OUTPUT or in its journal.

@@ -10,8 +10,10 @@ in sight.
     transcription  audio to a `Transcript` through the model's micro-batcher
     answer       an answer in flight: typed deltas (streaming) or whole results
     prompts, tools, tools_parse, sampling, fim, generation: the parts
+    validation   checks every body gets (Unicode text, pydantic's errors as a 400)
+    openai/      OpenAI's request models and whole answers; Batch API lines
 
 Every HTTP dialect in `localserve.api` is a thin adapter over these calls;
 the batch runner, `localserve batch run`, Ray replicas and `localserve run`
-call them directly.
+call them directly (batch lines through `openai.batch_lines`).
 """

@@ -217,7 +217,7 @@ def test_unexpected_error_is_a_500_envelope(client: openai.OpenAI, monkeypatch: 
         raise RuntimeError("a bug")
 
     # Same process: the server thread's handler sees the patched formatter.
-    monkeypatch.setattr("localserve.api.openai.chat.chat_completion", broken)
+    monkeypatch.setattr("localserve.serving.openai.chat.chat_completion", broken)
     with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=2)
     assert caught.value.status_code == 500

@@ -8,10 +8,10 @@ import socket
 import pytest
 from pydantic import ValidationError
 
-from localserve.api.middleware import field_path, from_validation_error
-from localserve.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.api.security import HostPolicy, OriginPolicy, host_name
 from localserve.config import ServerSettings
+from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.validation import field_path, from_validation_error
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from localserve.api.openai.convert import tools as openai_tools
-from localserve.api.openai.schemas import NamedToolChoice, ToolDef
 from localserve.backends.chat_template import ChatTemplate
+from localserve.serving.openai.convert import tools as openai_tools
+from localserve.serving.openai.schemas import NamedToolChoice, ToolDef
 from localserve.serving.tools import TOOL_OPEN, plan_tools, prompt_messages, renders_tools
 from localserve.serving.tools_parse import ToolCallParser, parse_reply
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread

@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from localserve.api.openai.batch_lines import ServingLineExecutor, batch_priority
 from localserve.engine.types import Capacity
 from localserve.serving.models import LocalModels
+from localserve.serving.openai.batch_lines import ServingLineExecutor, batch_priority
 
 
 class StubEngine:

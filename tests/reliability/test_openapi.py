@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from localserve.api.admin.openapi import REF_TEMPLATE, app_routes, build_document
-from localserve.api.openai.embeddings import EmbeddingRequest
-from localserve.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.openai.embeddings import EmbeddingRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 

@@ -30,11 +30,11 @@ from aiohttp import web
 from localserve.api.anthropic.request import CountTokensRequest, MessagesRequest, chat_request
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import ErrorShape, error_response, parse_body
-from localserve.api.openai.responses import item_id
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError, QueueFullError
 from localserve.serving.answer import Answer
 from localserve.serving.chat import count_chat_tokens, start_chat
+from localserve.serving.openai.responses import item_id
 from localserve.serving.types import (
     ChoiceEnd,
     ChoiceResult,

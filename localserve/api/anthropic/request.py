@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from localserve.api.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.errors import InvalidRequestError
+from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, Tools
 
 SKIPPED_BLOCKS = ("thinking", "redacted_thinking")

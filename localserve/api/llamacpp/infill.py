@@ -28,7 +28,6 @@ from aiohttp import web
 from localserve.api.hosting import RequestModels
 from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun
 from localserve.api.middleware import parse_body
-from localserve.api.openai.wire import new_id
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
 from localserve.engine.types import SamplingParams, parse_priority
@@ -37,6 +36,7 @@ from localserve.serving import types as serving
 from localserve.serving.answer import Answer
 from localserve.serving.completions import start_infill
 from localserve.serving.fim import fim_tokens
+from localserve.serving.openai.wire import new_id
 from localserve.serving.types import ExtraChunk, Options
 
 log = logging.getLogger(__name__)

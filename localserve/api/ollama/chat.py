@@ -42,7 +42,6 @@ from localserve.api.ollama.wire import (
     ollama_options,
     ollama_stream,
 )
-from localserve.api.openai.wire import new_id
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.models.policy import parse_keep_alive
@@ -50,6 +49,7 @@ from localserve.serving.answer import Answer
 from localserve.serving.chat import start_chat
 from localserve.serving.completions import start_text
 from localserve.serving.models import hold_chat_model
+from localserve.serving.openai.wire import new_id
 from localserve.serving.types import ChatRequest, FunctionTool, OutputFormat, TextRequest, Tools
 
 

@@ -14,11 +14,11 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localserve.api.openai import schemas
-from localserve.api.openai.schemas import MAX_STOP, MAX_TOOLS, ToolDef
 from localserve.engine.types import SamplingParams
 from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
+from localserve.serving.openai import schemas
+from localserve.serving.openai.schemas import MAX_STOP, MAX_TOOLS, ToolDef
 from localserve.serving.types import (
     ChoiceEnd,
     ChoiceResult,

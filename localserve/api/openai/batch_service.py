@@ -1,6 +1,6 @@
 """What the Files and Batch routes share: the job store and the batch runner
 of the app (opened lazily, resumed at start-up), whose lines the serving
-layer answers (`api.openai.batch_lines`) with the app's models."""
+layer answers (`serving.openai.batch_lines`) with the app's models."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from aiohttp import web
 
 from localserve.api.hosting import app_models
 from localserve.api.leases import model_lease
-from localserve.api.openai.batch_lines import ServingLineExecutor
 from localserve.api.state import SETTINGS
 from localserve.errors import LocalServeError
 from localserve.jobs.runner import BatchRunner, RunnerConfig
 from localserve.jobs.store import JobStore
 from localserve.jobs.validate import Limits
+from localserve.serving.openai.batch_lines import ServingLineExecutor
 
 log = logging.getLogger(__name__)
 

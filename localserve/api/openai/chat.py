@@ -1,5 +1,6 @@
 """`POST /v1/chat/completions`: OpenAI's chat dialect over `serving.chat`
-(tools and JSON formats included)."""
+(tools and JSON formats included). The whole answer is
+`serving.openai.chat`'s, as for a batch line; the stream's chunks are here."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ from aiohttp import web
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.openai.convert import chat_request
-from localserve.api.openai.schemas import ChatCompletionRequest
-from localserve.api.openai.wire import AnswerMeta, chat_completion, chat_logprobs, new_id, usage
 from localserve.api.sse import stream_answer
 from localserve.backends.base import Tokenizer
 from localserve.engine.types import TokenLogprob
-from localserve.serving.answer import Answer
-from localserve.serving.chat import start_chat
-from localserve.serving.models import ModelHost
+from localserve.serving.openai.chat import start, whole
+from localserve.serving.openai.schemas import ChatCompletionRequest
+from localserve.serving.openai.wire import AnswerMeta, chat_logprobs, usage
 from localserve.serving.types import ChoiceEnd, Delta, TextDelta, ToolCallArguments, ToolCallStart, Usage
 
 
@@ -95,20 +93,6 @@ class ChatChunkFormat:
         if self.include_usage:
             body["usage"] = None  # OpenAI sends null on every chunk but the last
         return body
-
-
-async def start(host: ModelHost, body: ChatCompletionRequest) -> tuple[AnswerMeta, Answer]:
-    """Queue the answer to `body` (the handler and the batch runner)."""
-    answer_id = new_id("chatcmpl")
-    answer = await start_chat(host, chat_request(body), answer_id=answer_id)
-    return AnswerMeta(answer_id, answer.model_id), answer
-
-
-async def whole(meta: AnswerMeta, answer: Answer, body: ChatCompletionRequest) -> dict[str, Any]:
-    """The `chat.completion` object, once the answer is complete."""
-    async with answer:
-        results = await answer.collect()
-    return chat_completion(meta, results, answer.tokenizer, with_logprobs=body.logprobs)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -3,7 +3,9 @@
 Each prompt gets `n` choices; choice `p * n + i` is choice i of prompt p, as
 in OpenAI's API. With `suffix`, each prompt is the text before a gap and the
 answer fills it: a fill-in-the-middle prompt from the model's FIM tokens
-(see `serving.fim`), or a 400 for a model without them.
+(see `serving.fim`), or a 400 for a model without them. The whole answer is
+`serving.openai.completions`'s, as for a batch line; the stream's chunks are
+here.
 """
 
 from __future__ import annotations
@@ -15,14 +17,11 @@ from aiohttp import web
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.openai.convert import completion_request
-from localserve.api.openai.schemas import CompletionRequest
-from localserve.api.openai.wire import AnswerMeta, legacy_logprobs, new_id, text_completion, usage
 from localserve.api.sse import stream_answer
 from localserve.backends.base import Tokenizer
-from localserve.serving.answer import Answer
-from localserve.serving.completions import start_completion
-from localserve.serving.models import ModelHost
+from localserve.serving.openai.completions import echoes, start, whole
+from localserve.serving.openai.schemas import CompletionRequest
+from localserve.serving.openai.wire import AnswerMeta, legacy_logprobs, usage
 from localserve.serving.types import ChoiceEnd, Delta, TextDelta, Usage
 
 
@@ -82,27 +81,6 @@ class CompletionChunkFormat:
         return body
 
 
-async def start(host: ModelHost, body: CompletionRequest) -> tuple[AnswerMeta, Answer]:
-    """Queue the answer to `body` (the handler and the batch runner)."""
-    answer_id = new_id("cmpl")
-    answer = await start_completion(host, completion_request(body), answer_id=answer_id)
-    return AnswerMeta(answer_id, answer.model_id), answer
-
-
-async def whole(meta: AnswerMeta, answer: Answer, body: CompletionRequest) -> dict[str, Any]:
-    """The `text_completion` object, once the answer is complete."""
-    async with answer:
-        results = await answer.collect()
-    return text_completion(
-        meta,
-        results,
-        answer.tokenizer,
-        echoes=_echoes(body, answer.tokenizer),
-        num_choices_per_prompt=body.n,
-        with_logprobs=body.logprobs is not None,
-    )
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy completion of one or many prompts (text or token ids)."""
     body = await parse_body(request, CompletionRequest)
@@ -113,17 +91,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     fmt = CompletionChunkFormat(
         meta,
         answer.tokenizer,
-        echoes=_echoes(body, answer.tokenizer),
+        echoes=echoes(body, answer.tokenizer),
         num_choices_per_prompt=body.n,
         include_usage=body.include_usage,
         with_logprobs=body.logprobs is not None,
     )
     return await stream_answer(request, answer, fmt, include_usage=body.include_usage, headers=headers)
-
-
-def _echoes(body: CompletionRequest, tokenizer: Tokenizer) -> list[str]:
-    """The text each choice repeats before its own with `echo` (else "")."""
-    if not body.echo:
-        return [""] * (len(body.prompts) * body.n)
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in body.prompts]
-    return [text for text in texts for _ in range(body.n)]

@@ -1,59 +1,14 @@
-"""`POST /v1/embeddings`: text or token ids in, vectors out, batched across
-requests by the model's batcher (`serving.embeddings`)."""
+"""`POST /v1/embeddings`: text or token ids in, vectors out
+(`serving.openai.embeddings`)."""
 
 from __future__ import annotations
 
-import base64
-from typing import Any, Literal
-
-import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES, usage_tokens
-from localserve.engine.types import parse_priority
-from localserve.serving.embeddings import EmbeddingsRequest, embed
-from localserve.serving.models import ModelHost
-
-MAX_INPUTS = 2048  # as OpenAI
-
-
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
-    user: str | None = None
-    priority: float | str | None = None
-
-    @field_validator("input")
-    @classmethod
-    def _check_input(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("input must not be an empty list")
-            if len(value) > MAX_INPUTS and not isinstance(value[0], int):
-                raise ValueError(f"at most {MAX_INPUTS} inputs per request; got {len(value)}")
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)
-        return value
-
-    def inputs(self) -> list[str | list[int]]:
-        """One entry per vector asked for: a text or a token list."""
-        value = self.input
-        if isinstance(value, str):
-            return [value]
-        if value and isinstance(value[0], int):
-            return [value]  # type: ignore[list-item]  # one token list
-        return list(value)  # type: ignore[arg-type]
+from localserve.api.oneshot import PREFIXES
+from localserve.serving.openai.embeddings import EmbeddingRequest, answer
 
 
 def register(app: web.Application) -> None:
@@ -65,22 +20,3 @@ def register(app: web.Application) -> None:
 async def create_embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, EmbeddingRequest)
     return web.json_response(await answer(RequestModels(request), body))
-
-
-async def answer(host: ModelHost, body: EmbeddingRequest) -> dict[str, Any]:
-    """The embeddings `list` object for `body` (the handler and the batch runner)."""
-    inputs = tuple(x if isinstance(x, str) else tuple(x) for x in body.inputs())
-    request = EmbeddingsRequest(body.model, inputs, body.dimensions, parse_priority(body.priority))
-    result = await embed(host, request)
-    encode = _base64 if body.encoding_format == "base64" else _floats
-    data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(result.vectors)]
-    return {"object": "list", "data": data, "model": body.model, "usage": usage_tokens(result.num_tokens)}
-
-
-def _floats(vector: np.ndarray) -> list[float]:
-    return vector.astype(np.float32).tolist()  # type: ignore[no-any-return]
-
-
-def _base64(vector: np.ndarray) -> str:
-    """Little-endian float32, as the openai SDK decodes it."""
-    return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")

@@ -1,11 +1,13 @@
 """Batch lines answered through the serving layer, exactly as their endpoint
-answers an HTTP request: the same validation, the same OpenAI body, the same
-error envelope and status. Only `stream` is forced off and `priority`
-raised to at least `batch`.
+answers an HTTP request: the same validation, the same OpenAI body (the
+endpoint's own `serving.openai` functions), the same error envelope and
+status. Only `stream` is forced off and `priority` raised to at least
+`batch`. No HTTP here.
 
 `ServingLineExecutor` is the runner's `LineExecutor` for the server's
-batches and for `localserve batch run` (`local_model`), whose Ray replicas
-use it too.
+batches (`api/openai/batch_service.py`) and for `localserve batch run`
+(`local_model`, a model loaded in the process), whose Ray replicas use it
+too.
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from localserve.api.middleware import from_validation_error
-from localserve.api.openai import chat, completions, embeddings, responses
-from localserve.api.openai.responses_request import ResponsesRequest
-from localserve.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.types import PRIORITY_ALIASES, parse_priority
@@ -29,6 +27,10 @@ from localserve.errors import LocalServeError, QueueFullError
 from localserve.jobs.types import LineResult, new_id
 from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels, ModelHost
+from localserve.serving.openai import chat, completions, embeddings, responses
+from localserve.serving.openai.responses_request import ResponsesRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.validation import from_validation_error
 
 log = logging.getLogger(__name__)
 

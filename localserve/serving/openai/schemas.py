@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from localserve.api.unicode_text import check_unicode
 from localserve.engine.types import parse_priority
+from localserve.serving.validation import check_unicode
 
 MAX_STOP = 16
 MAX_CHOICES = 16

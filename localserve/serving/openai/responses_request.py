@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from localserve.api.openai.schemas import FUNCTION_NAME, MAX_TOOLS
-from localserve.api.unicode_text import check_unicode
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.errors import InvalidRequestError
+from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_TOOLS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
+from localserve.serving.validation import check_unicode
 
 STATELESS = (
     "this server is stateless: it keeps no responses or conversations, so {what} cannot be used; "

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from localserve.api.openai.schemas import (
+from localserve.engine.types import SamplingParams, parse_priority
+from localserve.serving import types as serving
+from localserve.serving.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
@@ -16,8 +18,6 @@ from localserve.api.openai.schemas import (
     ToolChoice,
     ToolDef,
 )
-from localserve.engine.types import SamplingParams, parse_priority
-from localserve.serving import types as serving
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
 
 T = TypeVar("T")
