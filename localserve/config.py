@@ -53,7 +53,8 @@ class ServerSettings:
     # predicted time keeps their inter-token latency within this x of the step without it ...
     batch_itl_target: float = 1.2
     batch_ttft_target: float = 1.5  # ... and an arriving prompt's first token within this x its time when idle
-    speculative: str = "off"  # "off" | "ngram": speculative decoding by prompt lookup (engine/speculation.py)
+    speculative: str = "off"  # off | ngram (prompt lookup) | draft (--draft-model): engine/speculation.py
+    draft_model: str = ""  # a smaller GGUF of the chat models' vocabulary that drafts tokens
     draft_max: int = 8  # drafted tokens one sequence may verify in a step
     shutdown_timeout_s: float = 10.0
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)

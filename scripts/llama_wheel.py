@@ -119,9 +119,7 @@ class Variant:
 def variants(inputs: Inputs) -> list[Variant]:
     """The builds to try, in order (see the module's docstring)."""
     args, cf, cxf = inputs.cmake_args, inputs.cflags, inputs.cxxflags
-    portable = Variant(
-        "portable", f"{args} -DGGML_NATIVE=OFF".strip(), cf, cxf, "no native build passed the check"
-    )
+    portable = Variant("portable", f"{args} -DGGML_NATIVE=OFF".strip(), cf, cxf, "no native build passed the check")
     if "GGML_NATIVE=OFF" in args.replace(" ", "").upper():
         return [Variant("portable", args, cf, cxf, "CMAKE_ARGS asks for it")]
     out = []
@@ -230,8 +228,10 @@ def ensure(inputs: Inputs, wheelhouse: Path, build: Builder, check: Checker | No
     failures = []
     for variant in variants(inputs):
         with tempfile.TemporaryDirectory(prefix="llama-wheel-", dir=home) as tmp:
-            say(f"building llama-cpp-python {VERSION} ({variant.name}: CMAKE_ARGS='{variant.cmake_args}' "
-                f"CFLAGS='{variant.cflags}'); 4-8 minutes on 2 cores, log in {home}/build-{variant.name}.log")
+            say(
+                f"building llama-cpp-python {VERSION} ({variant.name}: CMAKE_ARGS='{variant.cmake_args}' "
+                f"CFLAGS='{variant.cflags}'); 4-8 minutes on 2 cores, log in {home}/build-{variant.name}.log"
+            )
             built = build(variant, Path(tmp), home / f"build-{variant.name}.log")
             ok, detail = check(built) if check else (True, "not checked: no model to decode with")
             if not ok:

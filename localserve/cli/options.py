@@ -69,7 +69,7 @@ def _latency_target(text: str) -> float:
     return value
 
 
-SPECULATIVE_MODES = ("off", "ngram")
+SPECULATIVE_MODES = ("off", "ngram", "draft")
 
 
 def _choice(choices: Sequence[str]) -> Callable[[str], str]:
@@ -242,9 +242,17 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "speculative",
         _choice(SPECULATIVE_MODES),
         "speculative decoding on llama.cpp models: ngram drafts tokens by looking the output's last words up in "
-        "the prompt and output so far (a win where output copies input: edits, rewrites, code), verified in the "
-        "shared step, as many as the step-time model says pay; off decodes one token a step",
+        "the prompt and output so far (a win where output copies input: edits, rewrites, code); draft has "
+        "--draft-model propose them (models of another vocabulary use ngram); drafts are verified in the shared "
+        "step, as many as the step-time model says pay; off decodes one token a step",
         "MODE",
+    ),
+    Option(
+        "--draft-model",
+        "draft_model",
+        str,
+        "a smaller GGUF with the chat models' vocabulary (same family) that drafts tokens for --speculative draft",
+        "PATH",
     ),
     Option("--draft-max", "draft_max", int_at_least(1), "drafted tokens one sequence may verify in a step", "N"),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),

@@ -19,7 +19,7 @@ class StepPlan:
     """The step being built: token budget left, KV cells in use, KV edits and
     the tokens scheduled per sequence."""
 
-    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled", "drafts")
+    __slots__ = ("budget", "kv_used", "kv_ops", "scheduled", "drafts", "model_drafts")
 
     def __init__(self, budget: int, kv_used: int) -> None:
         self.budget = budget
@@ -27,11 +27,13 @@ class StepPlan:
         self.kv_ops: list[KvOp] = []
         self.scheduled: dict[Sequence, int] = {}
         self.drafts: dict[Sequence, list[int]] = {}  # drafted tokens a scheduled decode verifies
+        self.model_drafts: dict[Sequence, int] = {}  # ... or how many the backend's draft model proposes
 
     @property
     def num_tokens(self) -> int:
         """Tokens scheduled so far (drafts included)."""
-        return sum(self.scheduled.values()) + sum(len(d) for d in self.drafts.values())
+        drafts = sum(len(d) for d in self.drafts.values()) + sum(self.model_drafts.values())
+        return sum(self.scheduled.values()) + drafts
 
     def add_drafts(self, seq: Sequence, draft_ids: list[int]) -> None:
         """`seq`, scheduled to decode, also feeds `draft_ids` (their cells are
@@ -39,6 +41,12 @@ class StepPlan:
         self.drafts[seq] = draft_ids
         self.budget -= len(draft_ids)
         self.kv_used += len(draft_ids)
+
+    def add_model_drafts(self, seq: Sequence, num_draft: int) -> None:
+        """`seq`, scheduled to decode, also verifies `num_draft` tokens the backend drafts."""
+        self.model_drafts[seq] = num_draft
+        self.budget -= num_draft
+        self.kv_used += num_draft
 
     @property
     def num_seqs(self) -> int:
@@ -50,7 +58,7 @@ class StepPlan:
         self.kv_used += num_new
 
     def remove(self, seq: Sequence) -> None:
-        num_new = self.scheduled.pop(seq, 0) + len(self.drafts.pop(seq, ()))
+        num_new = self.scheduled.pop(seq, 0) + len(self.drafts.pop(seq, ())) + self.model_drafts.pop(seq, 0)
         self.budget += num_new
         self.kv_used -= num_new
 

@@ -142,10 +142,13 @@ class Scheduler:
         self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
         self._limit_after = math.inf  # batch work with a later deadline is limited in this step
         self._max_draft = min(self.config.draft_max, capacity.max_draft_tokens)
+        self._draft_model = self.config.speculative == "draft"
         if self.config.speculative == "off":
             self._max_draft = 0
-        elif self.config.speculative != "ngram":
-            raise ValueError(f"unknown speculative mode {self.config.speculative!r} (off, ngram)")
+        elif self.config.speculative not in ("ngram", "draft"):
+            raise ValueError(f"unknown speculative mode {self.config.speculative!r} (off, ngram, draft)")
+        elif self._draft_model and not capacity.has_draft_model:
+            raise ValueError("speculative mode 'draft' needs a draft model (--draft-model PATH)")
 
     # ---- requests in and out -------------------------------------------------
 
@@ -260,7 +263,10 @@ class Scheduler:
         return StepBatch(
             step_id=next(self._step_ids),
             kv_ops=tuple(plan.kv_ops),
-            chunks=tuple(self._chunk(seq, n, plan.drafts.get(seq, ())) for seq, n in plan.scheduled.items()),
+            chunks=tuple(
+                self._chunk(seq, n, plan.drafts.get(seq, ()), plan.model_drafts.get(seq, 0))
+                for seq, n in plan.scheduled.items()
+            ),
             released_seq_ids=released,
         )
 
@@ -279,13 +285,19 @@ class Scheduler:
             seq = self._by_request_seq(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue
-            accepted = result.accepted.get(chunk.seq_id, ()) if chunk.num_draft else ()
-            num_kept = len(chunk.token_ids) - chunk.num_draft + len(accepted)  # the cells the backend kept
-            seq.num_computed_tokens += num_kept
-            self._slots[chunk.slot].token_ids.extend(chunk.token_ids[:num_kept])
-            if chunk.num_draft and seq.spec is not None:
-                seq.spec.observe(chunk.num_draft, len(accepted))
-                self.counters.num_draft_tokens += chunk.num_draft
+            accepted = result.accepted.get(chunk.seq_id, ())
+            num_draft = chunk.num_draft + result.drafted.get(chunk.seq_id, 0)
+            num_fed = len(chunk.token_ids) - chunk.num_draft
+            # The cells the backend kept: the chunk's own tokens, then each accepted draft,
+            # which equals the token sampled before it (the first sampled, then all but the last accepted).
+            kept = chunk.token_ids[:num_fed]
+            if accepted:
+                kept += (result.sampled[chunk.seq_id].token_id, *(t.token_id for t in accepted[:-1]))
+            seq.num_computed_tokens += len(kept)
+            self._slots[chunk.slot].token_ids.extend(kept)
+            if num_draft and seq.spec is not None:
+                seq.spec.observe(num_draft, len(accepted))
+                self.counters.num_draft_tokens += num_draft
                 self.counters.num_accepted_tokens += len(accepted)
             if chunk.seq_id in result.failed:
                 self._finish(seq, FinishReason.ERROR)
@@ -470,15 +482,15 @@ class Scheduler:
                 continue  # a prompt chunk, or the prompt's last token: no output to draft after yet
             if not seq.sampling.speculative or self._limited(seq):
                 continue
+            if seq.spec is None:
+                seq.spec = SpecState()
             # The last sampled token is free; positions stay inside the context.
             room = min(
                 self._max_draft,
                 seq.sampling.max_tokens - seq.num_output_tokens - 1,
                 self.capacity.n_ctx - seq.num_tokens - 1,
             )
-            if seq.spec is None:
-                seq.spec = SpecState()
-            draft_ids = seq.spec.drafter.propose(seq.token_ids, room)
+            draft_ids = [-1] * room if self._draft_model else seq.spec.drafter.propose(seq.token_ids, room)
             if draft_ids:
                 proposals.append((seq, draft_ids))
         if not proposals:
@@ -492,12 +504,14 @@ class Scheduler:
         )
         for seq, draft_ids in proposals:
             take = min(k, len(draft_ids), plan.budget, self.capacity.kv_tokens - plan.kv_used)
-            if take > 0:
+            if take > 0 and self._draft_model:
+                plan.add_model_drafts(seq, take)
+            elif take > 0:
                 plan.add_drafts(seq, draft_ids[:take])
             elif seq.spec is not None:
                 seq.spec.rest()
 
-    def _chunk(self, seq: Sequence, num_new: int, draft_ids: Iterable[int] = ()) -> SeqChunk:
+    def _chunk(self, seq: Sequence, num_new: int, draft_ids: Iterable[int] = (), num_model_drafts: int = 0) -> SeqChunk:
         start = seq.num_computed_tokens
         drafts = tuple(draft_ids)
         return SeqChunk(
@@ -508,6 +522,7 @@ class Scheduler:
             sample=start + num_new == seq.num_tokens,
             sampling=seq.sampling,
             num_draft=len(drafts),
+            draft_model_tokens=num_model_drafts,
         )
 
     def _append_tokens(self, seq: Sequence, sampled: Iterable[SampledToken]) -> TokenEvent:

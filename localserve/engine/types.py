@@ -130,6 +130,7 @@ class Capacity:
     kv_tokens: int  # KV cells shared by all slots
     n_ctx: int  # the longest sequence one slot may hold
     max_draft_tokens: int = 0  # drafts a decode chunk may carry for verification; 0: the backend cannot
+    has_draft_model: bool = False  # the backend can draft with a model of its own (SeqChunk.draft_model_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +151,7 @@ class SchedulerConfig:
     quiet_gaps: float = 3.0
     max_quiet_s: float = 30.0
     step_memory: int = 500  # steps the step-time model learns from (exponential forgetting)
-    speculative: str = "off"  # "off" | "ngram": draft tokens by prompt lookup (engine/speculation.py)
+    speculative: str = "off"  # "off" | "ngram" (prompt lookup) | "draft" (the backend's draft model): speculation.py
     draft_max: int = 8  # drafts one sequence may carry into a step
 
 
@@ -165,6 +166,7 @@ class SeqChunk:
     sample: bool  # a token is sampled after the last one
     sampling: SamplingParams
     num_draft: int = 0  # the last `num_draft` tokens are drafts to verify (sampled at each, see speculation.py)
+    draft_model_tokens: int = 0  # the backend's draft model proposes up to this many drafts after the last token
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +195,8 @@ class StepBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
+        """Tokens the forward pass computes, drafts of a draft model included."""
+        return sum(len(c.token_ids) + c.draft_model_tokens for c in self.chunks)
 
     @property
     def empty(self) -> bool:
@@ -214,3 +217,4 @@ class StepResult:
     sampled: dict[int, SampledToken]
     failed: dict[int, str] = field(default_factory=dict)
     accepted: dict[int, tuple[SampledToken, ...]] = field(default_factory=dict)
+    drafted: dict[int, int] = field(default_factory=dict)  # drafts the backend's draft model proposed, by seq_id

@@ -143,6 +143,7 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
         cache_type_k=options.cache_type_k,
         cache_type_v=options.cache_type_v,
         flash_attn=options.flash_attn,
+        draft_model_path=str(Path(settings.draft_model).expanduser()) if settings.draft_model else "",
     )
     for note in fit.notes:
         log.info("%s: %s", model_id, note)

@@ -14,6 +14,7 @@ worker tells it the measured time of a real step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -72,8 +73,9 @@ def make_capacity(
     kv_tokens: int = 1024,
     n_ctx: int = 128,
     max_draft_tokens: int = 0,
+    has_draft_model: bool = False,
 ) -> Capacity:
-    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx, max_draft_tokens)
+    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx, max_draft_tokens, has_draft_model)
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -96,9 +98,12 @@ class FakeClock:
 class ScriptedBackend:
     """Applies KV edits and chunks to simulated slots; checks their positions."""
 
-    def __init__(self, capacity: Capacity, next_token: NextToken = hashed_next_token) -> None:
+    def __init__(
+        self, capacity: Capacity, next_token: NextToken = hashed_next_token, draft_token: NextToken | None = None
+    ) -> None:
         self.capacity = capacity
         self.next_token = next_token
+        self.draft_token = draft_token  # a draft model (Capacity.has_draft_model): proposes greedily
         self.slots: list[list[int]] = [[] for _ in range(capacity.max_num_seqs)]
         self.released_seq_ids: set[int] = set()
         self.num_drafted = self.num_accepted = 0
@@ -110,8 +115,14 @@ class ScriptedBackend:
         self._check_batch(batch)
         for op in batch.kv_ops:
             self._apply(op)
-        sampled, accepted = {}, {}
+        sampled, accepted, drafted = {}, {}, {}
         for chunk in batch.chunks:
+            model_drafts = self._draft(chunk)
+            if model_drafts:
+                drafted[chunk.seq_id] = len(model_drafts)
+                chunk = dataclasses.replace(
+                    chunk, token_ids=chunk.token_ids + tuple(model_drafts), num_draft=len(model_drafts)
+                )
             history = self._append(chunk)
             if chunk.sample:
                 base = len(history) - chunk.num_draft
@@ -129,7 +140,18 @@ class ScriptedBackend:
                     self.num_accepted += len(more)
         assert self.kv_used() <= self.capacity.kv_tokens, f"KV overflow: {self.kv_used()} cells"
         self.released_seq_ids.update(batch.released_seq_ids)
-        return StepResult(sampled, accepted=accepted)
+        return StepResult(sampled, accepted=accepted, drafted=drafted)
+
+    def _draft(self, chunk: SeqChunk) -> list[int]:
+        """The draft model's greedy proposal after the chunk's tokens."""
+        if not chunk.draft_model_tokens:
+            return []
+        assert self.draft_token is not None and self.capacity.has_draft_model, "drafts asked of no draft model"
+        history = list(self.slots[chunk.slot]) + list(chunk.token_ids)
+        out: list[int] = []
+        for _ in range(chunk.draft_model_tokens):
+            out.append(self.draft_token(tuple(history + out)))
+        return out
 
     def _check_batch(self, batch: StepBatch) -> None:
         assert batch.num_tokens <= self.capacity.max_num_batched_tokens, f"step of {batch.num_tokens} tokens"
@@ -196,11 +218,12 @@ class Driver:
         next_token: NextToken = hashed_next_token,
         step_s: float = 1.0,
         step_cost: StepCost | None = None,
+        draft_token: NextToken | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.step_s = step_s
         self.step_cost = step_cost
-        self.backend = ScriptedBackend(capacity, next_token)
+        self.backend = ScriptedBackend(capacity, next_token, draft_token)
         self.scheduler = Scheduler(
             capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock
         )

@@ -10,7 +10,7 @@ from localserve.cli.options import CliError, settings_from_args
 from localserve.config import ServerSettings
 from localserve.engine.batch_policy import BatchPolicy
 from localserve.engine.engine import Engine
-from localserve.engine.types import SchedulerConfig
+from localserve.engine.types import Capacity, SchedulerConfig
 from localserve.models.registry.core import ModelRegistry
 
 
@@ -34,8 +34,17 @@ def test_a_target_below_idle_or_not_a_number_is_refused(value: str, capsys: pyte
 
 def test_a_loaded_model_gets_the_targets() -> None:
     settings = ServerSettings(models=[], batch_itl_target=1.4, batch_ttft_target=3.0, aging_s=12.0)
-    config = ModelRegistry(Engine(), settings)._engine_config().scheduler
+    config = ModelRegistry(Engine(), settings)._engine_config(Capacity(4, 64, 1024, 256)).scheduler
     assert (config.itl_target, config.ttft_target, config.aging_s) == (1.4, 3.0, 12.0)
+
+
+def test_a_loaded_model_gets_the_speculation_settings() -> None:
+    settings = ServerSettings(models=[], speculative="draft", draft_max=5)
+    registry = ModelRegistry(Engine(), settings)
+    with_draft = registry._engine_config(Capacity(4, 64, 1024, 256, 32, has_draft_model=True)).scheduler
+    assert (with_draft.speculative, with_draft.draft_max) == ("draft", 5)
+    # A model that got no draft model (another vocabulary) speculates by prompt lookup instead.
+    assert registry._engine_config(Capacity(4, 64, 1024, 256, 32)).scheduler.speculative == "ngram"
 
 
 def shared_policy(itl_target: float, ttft_target: float) -> BatchPolicy:

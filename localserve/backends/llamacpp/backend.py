@@ -10,6 +10,7 @@ ones, padding-free; each sequence samples with its own sampler chain.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 from collections.abc import Collection
@@ -21,6 +22,7 @@ import llama_cpp
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp.devices import init_llama, load_model
+from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
@@ -61,6 +63,7 @@ class LlamaCppConfig:
     cache_type_k: str = "f16"  # KV cache element types (kv_types.KV_CACHE_TYPES); a quantized V needs flash attention
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
+    draft_model_path: str = ""  # a smaller GGUF of the same vocabulary that drafts tokens (--draft-model)
 
 
 class LlamaCppBackend(GenerativeBackend):
@@ -88,6 +91,15 @@ class LlamaCppBackend(GenerativeBackend):
         self._tokenizer = LlamaTokenizer(model)
         self._n_vocab = self._tokenizer.vocab_size
         self._chains: dict[int, SamplerChain] = {}
+        self._draft: DraftModel | None = None
+        if config.draft_model_path:
+            try:
+                self._draft = self._open_draft(config)
+            except DraftMismatchError as exc:  # another family's model: serve it, without a draft model
+                log.warning("%s: no draft model: %s", Path(config.model_path).name, exc.message)
+            except BaseException:
+                self.close()
+                raise
 
     def _open_context(self, config: LlamaCppConfig, model: llama_cpp.llama_model_p) -> None:
         """One KV stream per slot when memory allows, as llama-server does.
@@ -140,6 +152,23 @@ class LlamaCppBackend(GenerativeBackend):
         )
         self._n_ctx_train = n_ctx_train
 
+    def _open_draft(self, config: LlamaCppConfig) -> DraftModel:
+        """The draft model, in a context of the same slot layout as the model's."""
+        ctx, _, _ = self._native()
+        draft = DraftModel(
+            Path(config.draft_model_path),
+            target=self._tokenizer,
+            kv_tokens=int(llama_cpp.llama_n_ctx(ctx)),
+            parallel=self._capacity.max_num_seqs,
+            unified=not self._split_kv,
+            batch_tokens=config.batch_tokens,
+            threads=config.n_threads or os.cpu_count() or 1,
+            device=config.device,
+            n_gpu_layers=config.n_gpu_layers,
+        )
+        self._capacity = dataclasses.replace(self._capacity, has_draft_model=True)
+        return draft
+
     # ---- GenerativeBackend ---------------------------------------------------
 
     def capacity(self) -> Capacity:
@@ -173,7 +202,8 @@ class LlamaCppBackend(GenerativeBackend):
         self.release(batch.released_seq_ids)
         self._apply_kv_ops(mem, batch.kv_ops)
         failed = self._ensure_chains(batch)
-        sample_at = _fill_batch(b, batch)
+        model_drafts = self._draft.drafts_for(batch) if self._draft is not None else {}
+        sample_at = _fill_batch(b, batch, model_drafts)
         rc = llama_cpp.llama_decode(ctx, b)
         if rc != 0:
             reason = _DECODE_ERRORS.get(rc, "internal error")
@@ -181,20 +211,27 @@ class LlamaCppBackend(GenerativeBackend):
         sampled: dict[int, SampledToken] = {}
         accepted: dict[int, tuple[SampledToken, ...]] = {}
         for chunk, index in sample_at:
-            if chunk.seq_id in failed:
-                self._drop_drafts(mem, chunk, 0)
-                continue
+            fed = chunk.token_ids + tuple(model_drafts.get(chunk.seq_id, ()))
+            num_draft = chunk.num_draft + len(model_drafts.get(chunk.seq_id, ()))
             try:
+                if chunk.seq_id in failed:
+                    continue
                 sampled[chunk.seq_id] = first = self._sample(ctx, chunk, index)
-                if chunk.num_draft:
-                    accepted[chunk.seq_id] = more = self._verify(ctx, chunk, index, first.token_id)
-                    self._drop_drafts(mem, chunk, len(more))
+                if num_draft:
+                    drafts = fed[len(fed) - num_draft :]
+                    accepted[chunk.seq_id] = self._verify(ctx, chunk, index, first.token_id, drafts)
             except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
                 failed[chunk.seq_id] = exc.message
                 sampled.pop(chunk.seq_id, None)
                 accepted.pop(chunk.seq_id, None)
-                self._drop_drafts(mem, chunk, 0)
-        return StepResult(sampled=sampled, failed=failed, accepted=accepted)
+            finally:
+                num_kept = len(fed) - num_draft + len(accepted.get(chunk.seq_id, ()))
+                self._keep_fed(mem, chunk, fed, num_kept)
+        for chunk in batch.chunks:
+            if not chunk.sample and self._draft is not None:
+                self._draft.record(chunk, chunk.token_ids)
+        drafted = {seq_id: len(d) for seq_id, d in model_drafts.items()}
+        return StepResult(sampled=sampled, failed=failed, accepted=accepted, drafted=drafted)
 
     def _sample(self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int) -> SampledToken:
         token_id = self._chains[chunk.seq_id].sample(ctx, index)
@@ -204,12 +241,11 @@ class LlamaCppBackend(GenerativeBackend):
         return SampledToken(token_id, logprob)
 
     def _verify(
-        self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int, token_id: int
+        self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int, token_id: int, drafts: tuple[int, ...]
     ) -> tuple[SampledToken, ...]:
         """Sample at each draft position while the token sampled before it
         equals the draft (engine/speculation.py): the tokens sampled after
         each accepted draft, in order."""
-        drafts = chunk.token_ids[len(chunk.token_ids) - chunk.num_draft :]
         out: list[SampledToken] = []
         for offset, draft in enumerate(drafts, start=1):
             if token_id != draft:
@@ -219,12 +255,13 @@ class LlamaCppBackend(GenerativeBackend):
             token_id = sampled.token_id
         return tuple(out)
 
-    @staticmethod
-    def _drop_drafts(mem: llama_cpp.llama_memory_t, chunk: SeqChunk, num_accepted: int) -> None:
-        """Remove the KV cells of the drafts that were not accepted."""
-        if chunk.num_draft > num_accepted:
-            first = chunk.start_pos + len(chunk.token_ids) - chunk.num_draft + num_accepted
-            llama_cpp.llama_memory_seq_rm(mem, chunk.slot, first, -1)
+    def _keep_fed(self, mem: llama_cpp.llama_memory_t, chunk: SeqChunk, fed: tuple[int, ...], num_kept: int) -> None:
+        """Keep the KV cells of the first `num_kept` fed tokens (a step's
+        tokens and its accepted drafts); the rejected drafts' cells go."""
+        if num_kept < len(fed):
+            llama_cpp.llama_memory_seq_rm(mem, chunk.slot, chunk.start_pos + num_kept, -1)
+        if self._draft is not None:
+            self._draft.record(chunk, fed[:num_kept])
 
     def release(self, seq_ids: Collection[int]) -> None:
         for seq_id in seq_ids:
@@ -236,11 +273,16 @@ class LlamaCppBackend(GenerativeBackend):
         _, mem, _ = self._native()
         for slot in slots:
             llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+        if self._draft is not None:
+            self._draft.forget(list(slots))
 
     def close(self) -> None:
         for chain in getattr(self, "_chains", {}).values():
             chain.free()
         self._chains = {}
+        if getattr(self, "_draft", None) is not None:
+            self._draft.close()  # type: ignore[union-attr]
+            self._draft = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -262,6 +304,8 @@ class LlamaCppBackend(GenerativeBackend):
         return ctx, mem, b
 
     def _apply_kv_ops(self, mem: llama_cpp.llama_memory_t, kv_ops: tuple[KvOp, ...]) -> None:
+        if self._draft is not None:
+            self._draft.follow_kv_ops(kv_ops)
         for op in kv_ops:
             if op.kind == "keep":
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
@@ -288,9 +332,11 @@ class LlamaCppBackend(GenerativeBackend):
         return failed
 
 
-def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChunk, int]]:
-    """Write the step's tokens into `b`; the chunks that sample, with the
-    index in `b` of their last token before any drafts."""
+def _fill_batch(
+    b: llama_cpp.llama_batch, batch: StepBatch, model_drafts: dict[int, list[int]]
+) -> list[tuple[SeqChunk, int]]:
+    """Write the step's tokens (and the draft model's drafts) into `b`; the
+    chunks that sample, with the index in `b` of their last token before any drafts."""
     token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
     k = 0
     sample_at = []
@@ -301,7 +347,8 @@ def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChu
     for chunk in sorted(batch.chunks, key=lambda c: c.slot):
         slot = chunk.slot
         p = chunk.start_pos
-        for tok in chunk.token_ids:
+        extra = model_drafts.get(chunk.seq_id, ())
+        for tok in (*chunk.token_ids, *extra):
             token[k] = tok
             pos[k] = p  # type: ignore[call-overload]  # pos is a llama_pos*; llama_cpp's stubs say an array of arrays
             n_seq_id[k] = 1
@@ -310,7 +357,7 @@ def _fill_batch(b: llama_cpp.llama_batch, batch: StepBatch) -> list[tuple[SeqChu
             k += 1
             p += 1
         if chunk.sample:  # logits at the last token, and at every draft verified after it
-            first = k - 1 - chunk.num_draft
+            first = k - 1 - chunk.num_draft - len(extra)
             for i in range(first, k):
                 logits[i] = 1
             sample_at.append((chunk, first))

@@ -69,7 +69,13 @@ def run_check(
     if python_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (python_path, env.get("PYTHONPATH", "")) if p)
     mode = "embed" if embeddings else "generate"
-    command = [sys.executable, str(script or Path(__file__)), str(model_path), str(threads or os.cpu_count() or 1), mode]
+    command = [
+        sys.executable,
+        str(script or Path(__file__)),
+        str(model_path),
+        str(threads or os.cpu_count() or 1),
+        mode,
+    ]
     try:
         child = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_no_core_dump

@@ -45,6 +45,7 @@ from localserve.config import ServerSettings
 from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
 from localserve.models.catalog import ModelOptions
 from localserve.models.names import validate_model_id
@@ -288,7 +289,7 @@ class ModelRegistry(RegistryViews):
             batcher = Batcher(spec.model_id, oneshot, batching)
             return LoadedOneShot(spec, kind, oneshot, batcher, load_seconds=time.monotonic() - started)
         backend, report = await asyncio.to_thread(self.open_model, spec)
-        self.engine.add_model(spec.model_id, backend, self._engine_config())
+        self.engine.add_model(spec.model_id, backend, self._engine_config(backend.capacity()))
         return LoadedModel(spec, backend, load_seconds=time.monotonic() - started, report=report)
 
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
@@ -299,14 +300,17 @@ class ModelRegistry(RegistryViews):
         """Open a one-shot model's backend (blocking: converts on first use)."""
         return open_oneshot(spec, kind, self.settings)
 
-    def _engine_config(self) -> EngineConfig:
+    def _engine_config(self, capacity: Capacity) -> EngineConfig:
         settings = self.settings
+        speculative = settings.speculative
+        if speculative == "draft" and not capacity.has_draft_model:
+            speculative = "ngram"  # no --draft-model, or one of another vocabulary (logged at load)
         scheduler = SchedulerConfig(
             aging_s=settings.aging_s,
             reserved_slots=None if settings.reserved_slots < 0 else settings.reserved_slots,
             itl_target=settings.batch_itl_target,
             ttft_target=settings.batch_ttft_target,
-            speculative=settings.speculative,
+            speculative=speculative,
             draft_max=settings.draft_max,
         )
         return EngineConfig(max_queue=settings.max_queue, scheduler=scheduler)
