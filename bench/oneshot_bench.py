@@ -51,7 +51,10 @@ from bench.compare_servers import wait_for_quiet  # noqa: E402
 from localserve.backends.base import OneShotBackend  # noqa: E402
 from localserve.config import ServerSettings  # noqa: E402
 from localserve.engine.batcher import Batcher, BatcherConfig  # noqa: E402
-from localserve.models.oneshot import BATCHING, EMBEDDINGS, TRANSCRIPTION, open_oneshot  # noqa: E402
+from localserve.models.kinds import ModelKind  # noqa: E402
+from localserve.models.oneshot import BATCHING, open_oneshot  # noqa: E402
+
+EMBEDDINGS, TRANSCRIPTION = ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
 from localserve.models.registry import resolve  # noqa: E402
 
 DEFAULT_ID = "all-minilm-l6-v2"

@@ -42,7 +42,7 @@ from localserve.api.security import cors_middleware, cors_response_headers, host
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
 from localserve.errors import NotFoundError
-from localserve.models.policy import CHAT
+from localserve.models.kinds import ModelKind
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelRegistry
 from localserve.serving.generation import request_ids
 from localserve.serving.models import hold_chat_model
@@ -160,7 +160,7 @@ def _model_object(model_id: str, loaded: LoadedModel, request: web.Request) -> d
             "n_ctx": capacity.n_ctx,
             "n_ctx_train": info.n_ctx_train,
             "max_num_seqs": capacity.max_num_seqs,
-            "kind": CHAT,  # generative; one-shot models say "embeddings" or "transcription"
+            "kind": ModelKind.CHAT,  # generative; one-shot models say "embeddings" or "transcription"
             "labels": list(loaded.spec.labels),
         },
     }

@@ -43,11 +43,12 @@ def add_convert_command(subparsers: Any) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     from localserve.errors import InvalidRequestError
     from localserve.models.convert.cache import cached_gguf
-    from localserve.models.oneshot import EMBEDDINGS, oneshot_kind
+    from localserve.models.kinds import ModelKind
+    from localserve.models.oneshot import oneshot_kind
     from localserve.models.registry import resolve
 
     spec = resolve(args.model)
-    if oneshot_kind(spec.labels) != EMBEDDINGS or not spec.path.is_dir():
+    if oneshot_kind(spec.labels) != ModelKind.EMBEDDINGS or not spec.path.is_dir():
         raise InvalidRequestError(
             f"nothing to convert: {args.model!r} ({spec.path}) is served as it is; "
             "`convert` turns sentence-transformers folders into GGUF, ONNX or OpenVINO IR"

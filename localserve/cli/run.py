@@ -79,6 +79,7 @@ def resolve_chat_model(text: str) -> Any:
     from localserve.config import DEFAULT_MODEL
     from localserve.errors import ModelNotFoundError
     from localserve.models.catalog import load_catalog
+    from localserve.models.kinds import ROUTES
     from localserve.models.oneshot import oneshot_kind
     from localserve.models.registry import resolve
 
@@ -94,7 +95,7 @@ def resolve_chat_model(text: str) -> Any:
         ) from None
     kind = oneshot_kind(spec.labels)
     if kind is not None:
-        route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
+        route = ROUTES[kind]
         raise cli_options.CliError(
             f"{spec.model_id!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} model; `run` generates text with a "
             f"chat model (such as {DEFAULT_MODEL}). "

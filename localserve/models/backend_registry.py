@@ -31,7 +31,6 @@ from localserve.errors import InvalidRequestError
 from localserve.models.backend_spec import (
     CHAT,
     EMBEDDINGS,
-    KINDS,
     LLAMACPP,
     TRANSCRIPTION,
     BackendContext,
@@ -40,6 +39,7 @@ from localserve.models.backend_spec import (
     as_opened,
 )
 from localserve.models.builtin_backends import BUILTIN_BACKENDS
+from localserve.models.kinds import ModelKind
 
 # What a plugin imports from here.
 __all__ = [
@@ -83,7 +83,7 @@ def detect(path: Path) -> BackendSpec | None:
     return None
 
 
-def named(name: str, kind: str) -> BackendSpec:
+def named(name: str, kind: ModelKind) -> BackendSpec:
     """The backend `name` of `kind` (a catalog entry's `backend`); 400 if none."""
     for spec in backends():
         if spec.name == name and spec.kind == kind:
@@ -105,13 +105,17 @@ def plugin_backends() -> tuple[BackendSpec, ...]:
             log.exception("could not load the localserve backend %r (%s)", entry.name, entry.value)
             continue
         for spec in specs:
-            if not isinstance(spec, BackendSpec) or spec.kind not in KINDS:
-                log.error("ignoring %r from the entry point %r: not a BackendSpec of kind %s", spec, entry.name, KINDS)
+            if not isinstance(spec, BackendSpec) or spec.kind not in tuple(ModelKind):
+                kinds = ", ".join(ModelKind)
+                log.error("ignoring %r from the entry point %r: not a BackendSpec of kind %s", spec, entry.name, kinds)
                 continue
             package = entry.dist.name if entry.dist is not None else entry.module
-            found.append(spec if spec.package != "localserve" else _with_package(spec, package))
+            found.append(_as_plugin(spec, package))
     return tuple(found)
 
 
-def _with_package(spec: BackendSpec, package: str) -> BackendSpec:
-    return dataclasses.replace(spec, package=package)
+def _as_plugin(spec: BackendSpec, package: str) -> BackendSpec:
+    """`spec` with its kind a `ModelKind` and, unless it says, the package that provides it."""
+    return dataclasses.replace(
+        spec, kind=ModelKind(spec.kind), package=package if spec.package == "localserve" else spec.package
+    )

@@ -13,10 +13,11 @@ from typing import Any
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError
 from localserve.models.catalog import ModelOptions
+from localserve.models.kinds import ModelKind
 from localserve.models.options import ResolvedOptions
 
-CHAT, EMBEDDINGS, TRANSCRIPTION = "chat", "embeddings", "transcription"
-KINDS = (CHAT, EMBEDDINGS, TRANSCRIPTION)
+#: The kinds a backend serves, under the names plugins import (models/backend_registry.py).
+CHAT, EMBEDDINGS, TRANSCRIPTION = ModelKind.CHAT, ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
 LLAMACPP = "llamacpp"
 
 
@@ -52,7 +53,7 @@ class BackendSpec:
     """One backend: what it serves, how it finds and opens models, what it needs."""
 
     name: str
-    kind: str  # CHAT, EMBEDDINGS or TRANSCRIPTION
+    kind: ModelKind  # CHAT, EMBEDDINGS or TRANSCRIPTION (a plugin's plain "embeddings" is read as one)
     open: Opener
     detect: Callable[[Path], bool] | None = None  # None: only when named (a catalog entry's `backend`)
     modules: tuple[str, ...] = ()  # importable modules it needs

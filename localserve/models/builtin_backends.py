@@ -23,6 +23,7 @@ from localserve.models.backend_spec import (
     BackendSpec,
     Opened,
 )
+from localserve.models.kinds import ModelKind
 
 ONNX, OPENVINO, FASTER_WHISPER, WHISPER_CPP, AUTO = "onnx", "openvino", "whisper", "whisper.cpp", "auto"
 GGUF_MAGIC = b"GGUF"
@@ -143,7 +144,7 @@ def _plain(backend: Any, ctx: BackendContext) -> Opened:
     return Opened(backend, report=plain_report(ctx.options, backend.capacity(), backend.info().device))
 
 
-def open_oneshot_builtin(kind: str) -> Any:
+def open_oneshot_builtin(kind: ModelKind) -> Any:
     """The built-in embeddings and speech models open through models/oneshot.py,
     which picks the runtime from the files and the catalog entry."""
 

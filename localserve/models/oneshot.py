@@ -13,10 +13,7 @@ from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
-
-EMBEDDINGS = "embeddings"
-TRANSCRIPTION = "transcription"
-ONESHOT_KINDS = (EMBEDDINGS, TRANSCRIPTION)
+from localserve.models.kinds import ModelKind, kind_of
 
 #: llama.cpp architectures that only make embeddings.
 EMBEDDING_ARCHS = frozenset(
@@ -27,14 +24,15 @@ EMBEDDING_ARCHS = frozenset(
 #: No `max_wait_ms`: an idle model answers at once, and what arrives while it
 #: is busy leaves together in its next dispatch (engine/batcher.py).
 BATCHING = {
-    EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
-    TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
+    ModelKind.EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
+    ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
 }
 
 
-def oneshot_kind(labels: tuple[str, ...]) -> str | None:
+def oneshot_kind(labels: tuple[str, ...]) -> ModelKind | None:
     """The one-shot kind a model's labels name, or None for a generative model."""
-    return next((kind for kind in ONESHOT_KINDS if kind in labels), None)
+    kind = kind_of(labels)
+    return None if kind == ModelKind.CHAT else kind
 
 
 def detect_labels(path: Path) -> tuple[str, ...]:
@@ -44,22 +42,22 @@ def detect_labels(path: Path) -> tuple[str, ...]:
     if path.is_dir():
         config = _read_json(path / "config.json")
         if (path / "model.bin").is_file() and "alignment_heads" in config:
-            return (TRANSCRIPTION,)
+            return (ModelKind.TRANSCRIPTION,)
         if (path / "openvino_encoder_model.xml").is_file():  # an OpenVINO Whisper export
-            return (TRANSCRIPTION,)
+            return (ModelKind.TRANSCRIPTION,)
         if (path / "model.safetensors").is_file() and config.get("model_type") == "bert":
-            return (EMBEDDINGS,)
+            return (ModelKind.EMBEDDINGS,)
         return ()
     if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
-        return (EMBEDDINGS,)
+        return (ModelKind.EMBEDDINGS,)
     if path.suffix.lower() == ".bin":
         from localserve.models.convert.whisper import is_ggml_whisper
 
         if is_ggml_whisper(path):  # a whisper.cpp model
-            return (TRANSCRIPTION,)
+            return (ModelKind.TRANSCRIPTION,)
     if path.suffix.lower() in (".onnx", ".xml") and path.with_name(path.stem + ".tokenizer.json").is_file():
-        return (EMBEDDINGS,)  # what `localserve convert --format onnx|openvino` writes
-    return ("chat",)
+        return (ModelKind.EMBEDDINGS,)  # what `localserve convert --format onnx|openvino` writes
+    return (ModelKind.CHAT,)
 
 
 def gguf_architecture(path: Path) -> str | None:
@@ -90,15 +88,15 @@ class OneShotOpened:
     source: Path  # what was loaded (the converted graph or GGUF for a sentence-transformers folder)
 
 
-def open_oneshot(kind: str, model_id: str, path: Path, settings: ServerSettings) -> OneShotOpened:
+def open_oneshot(kind: ModelKind, model_id: str, path: Path, settings: ServerSettings) -> OneShotOpened:
     """Open a one-shot backend (blocking: converts on first use, loads weights)."""
     batching = BatcherConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
-    if kind == EMBEDDINGS:  # ONNX Runtime, llama.cpp or OpenVINO (see oneshot_embeddings.py)
+    if kind == ModelKind.EMBEDDINGS:  # ONNX Runtime, llama.cpp or OpenVINO (see oneshot_embeddings.py)
         from localserve.models.oneshot_embeddings import open_embeddings
 
         embeddings_backend, loaded_path = open_embeddings(model_id, path, settings)
         return OneShotOpened(embeddings_backend, batching, loaded_path)
-    if kind == TRANSCRIPTION:  # faster-whisper, whisper.cpp or OpenVINO (see oneshot_speech.py)
+    if kind == ModelKind.TRANSCRIPTION:  # faster-whisper, whisper.cpp or OpenVINO (see oneshot_speech.py)
         from localserve.models.oneshot_speech import open_speech
 
         speech_backend, loaded_path = open_speech(model_id, path, settings)

@@ -10,11 +10,10 @@ import math
 import re
 
 from localserve.errors import InvalidRequestError
+from localserve.models.kinds import ModelKind
 
-#: Kinds of model with their own `--max-loaded-models` limit.
-CHAT, EMBEDDINGS, ASR = "chat", "embeddings", "asr"
-KINDS = (CHAT, EMBEDDINGS, ASR)
-_KIND_ALIASES = {"chat": CHAT, "embeddings": EMBEDDINGS, "asr": ASR, "transcription": ASR}
+#: `--max-loaded-models` names a limit by its kind; "asr" is transcription too.
+_KIND_NAMES = {**{kind.value: kind for kind in ModelKind}, "asr": ModelKind.TRANSCRIPTION}
 
 FOREVER = math.inf
 DEFAULT_MAX_LOADED = 3  # Ollama's default per device
@@ -23,15 +22,6 @@ DEFAULT_ON_DEMAND_KEEP_ALIVE_S = 300.0  # Ollama's default: 5m
 _UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _MAX_DURATION_CHARS = 64
-
-
-def kind_of(labels: tuple[str, ...] | list[str]) -> str:
-    """The limit a model counts against: embeddings, asr (transcription) or chat."""
-    if EMBEDDINGS in labels:
-        return EMBEDDINGS
-    if "transcription" in labels:
-        return ASR
-    return CHAT
 
 
 def parse_keep_alive(value: str | float | int | None, *, param: str = "keep_alive") -> float | None:
@@ -87,22 +77,22 @@ def format_keep_alive(seconds: float | None) -> str:
     return f"{seconds:g}s"
 
 
-def parse_max_loaded_models(text: str) -> dict[str, int]:
+def parse_max_loaded_models(text: str) -> dict[ModelKind, int]:
     """`"3"` (every kind) or `"chat=2,embeddings=1,asr=1"` (kinds not named
-    keep the default); 0 means no limit for that kind."""
+    keep the default; `asr` or `transcription`); 0 means no limit for that kind."""
     text = text.strip()
-    limits = dict.fromkeys(KINDS, DEFAULT_MAX_LOADED)
+    limits = dict.fromkeys(ModelKind, DEFAULT_MAX_LOADED)
     if not text:
         return limits
     if "=" not in text:
-        return dict.fromkeys(KINDS, _non_negative_int(text, text))
+        return dict.fromkeys(ModelKind, _non_negative_int(text, text))
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         name, sep, number = (s.strip() for s in part.partition("="))
-        kind = _KIND_ALIASES.get(name.lower())
+        kind = _KIND_NAMES.get(name.lower())
         if not sep or kind is None:
-            raise ValueError(f"expected N or KIND=N[,KIND=N] with KIND one of {', '.join(KINDS)}; got {part!r}")
+            raise ValueError(f"expected N or KIND=N[,KIND=N] with KIND one of chat, embeddings, asr; got {part!r}")
         limits[kind] = _non_negative_int(number, text)
     return limits
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, InvalidRequestError
+from localserve.models.kinds import ModelKind
 from localserve.models.matryoshka import dimensions_resize
-from localserve.models.oneshot import EMBEDDINGS
 from localserve.serving.models import ModelHost, hold_oneshot_model
 
 
@@ -64,7 +64,7 @@ class Embeddings:
 
 async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
     """Tokenize (off the event loop), check, and run on the model's batcher."""
-    model = await hold_oneshot_model(host, request.model, EMBEDDINGS)
+    model = await hold_oneshot_model(host, request.model, ModelKind.EMBEDDINGS)
     backend = model.backend
     if not isinstance(backend, Embedder):  # a backend registered for embeddings without the interface
         raise BackendError(f"model {request.model!r}: its backend does not make embeddings")

@@ -17,9 +17,7 @@ from typing import Protocol
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.engine.engine import Engine
-from localserve.models.oneshot import EMBEDDINGS
-from localserve.models.policy import ASR, CHAT
-from localserve.models.policy import EMBEDDINGS as EMBEDDINGS_KIND
+from localserve.models.kinds import ModelKind
 from localserve.models.registry import Lease, LoadedOneShot, ModelRegistry
 from localserve.serving.prompts import TemplateCache
 
@@ -30,7 +28,7 @@ class ModelHost(Protocol):
     @property
     def registry(self) -> ModelRegistry: ...
 
-    async def hold(self, model_id: str, kind: str) -> str:
+    async def hold(self, model_id: str, kind: ModelKind) -> str:
         """Load `model_id` if needed and keep it loaded until the call is
         over; the id it is served under (`llama3.2` is `llama3.2:latest`).
         400 bad id or kind, 404 unknown, 503 no room."""
@@ -49,18 +47,18 @@ async def hold_chat_model(host: ModelHost, model_id: str, *, load: bool = True) 
     registry = host.registry
     registry.check_ready(model_id)
     if load or registry.is_loaded(model_id):
-        model_id = await host.hold(model_id, CHAT)
+        model_id = await host.hold(model_id, ModelKind.CHAT)
     registry.get(model_id)  # raises ModelNotFoundError when not loaded and `load` is False
     host.found(model_id)
     return model_id
 
 
-async def hold_oneshot_model(host: ModelHost, model_id: str, kind: str) -> LoadedOneShot:
+async def hold_oneshot_model(host: ModelHost, model_id: str, kind: ModelKind) -> LoadedOneShot:
     """A one-shot model (`kind` embeddings or transcription), loaded on demand
     and held for this call; 503 while start-up loading may still bring it."""
     registry = host.registry
     registry.check_ready(model_id)
-    model_id = await host.hold(model_id, EMBEDDINGS_KIND if kind == EMBEDDINGS else ASR)
+    model_id = await host.hold(model_id, kind)
     model = registry.get_oneshot(model_id, kind)
     host.found(model_id)
     return model
@@ -120,7 +118,7 @@ class _CallModels:
     def registry(self) -> ModelRegistry:
         return self._models.registry
 
-    async def hold(self, model_id: str, kind: str) -> str:
+    async def hold(self, model_id: str, kind: ModelKind) -> str:
         lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)
         self._leases.append(lease)
         return lease.model_id

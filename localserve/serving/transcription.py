@@ -16,7 +16,7 @@ from typing import Literal
 from localserve.backends.speech.common import SpeechBackend, TranscribeOptions, Transcript, decode_audio
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, InvalidRequestError
-from localserve.models.oneshot import TRANSCRIPTION
+from localserve.models.kinds import ModelKind
 from localserve.serving.models import ModelHost, hold_oneshot_model
 
 __all__ = ["RESPONSE_FORMATS", "TranscriptionRequest", "Transcript", "check", "transcribe"]
@@ -101,7 +101,7 @@ async def transcribe(host: ModelHost, request: TranscriptionRequest, *, max_audi
     `max_audio_seconds`), and run its windows on the model's batcher.
     Raises `QueueFullError` (503) when too many requests wait."""
     check(request)
-    model = await hold_oneshot_model(host, request.model, TRANSCRIPTION)
+    model = await hold_oneshot_model(host, request.model, ModelKind.TRANSCRIPTION)
     backend = model.backend
     if not isinstance(backend, SpeechBackend):  # a backend registered for speech without the interface
         raise BackendError(f"model {request.model!r}: its backend does not implement speech recognition")

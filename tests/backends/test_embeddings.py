@@ -315,9 +315,10 @@ async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: Onnx
 
 def open_default(model_id: str, source: Path):  # type: ignore[no-untyped-def]
     from localserve.config import ServerSettings
-    from localserve.models.oneshot import EMBEDDINGS, open_oneshot
+    from localserve.models.kinds import ModelKind
+    from localserve.models.oneshot import open_oneshot
 
-    return open_oneshot(EMBEDDINGS, model_id, source, ServerSettings(threads=1))
+    return open_oneshot(ModelKind.EMBEDDINGS, model_id, source, ServerSettings(threads=1))
 
 
 def test_the_default_id_runs_on_onnx_runtime_and_embeds_like_the_gguf_path(

@@ -156,11 +156,12 @@ def test_serving_the_catalog_id_never_imports_torch(ir_folder: Path, home: Path,
         import sys
         from pathlib import Path
         from localserve.backends.speech.common import TranscribeOptions, decode_audio
-        from localserve.models.oneshot import TRANSCRIPTION, open_oneshot
+        from localserve.models.kinds import ModelKind
+        from localserve.models.oneshot import open_oneshot
         from localserve.models.registry import resolve
         from tests.api.harness import make_settings
         spec = resolve({MODEL!r})
-        opened = open_oneshot(TRANSCRIPTION, spec.model_id, spec.path, make_settings(threads=2))
+        opened = open_oneshot(ModelKind.TRANSCRIPTION, spec.model_id, spec.path, make_settings(threads=2))
         plan = opened.backend.plan(decode_audio(Path({str(speech_wav)!r}).read_bytes(), max_seconds=60), TranscribeOptions())
         text = opened.backend.assemble(plan, opened.backend.run(plan.windows), "transcribe").text
         print(opened.backend.info().backend, opened.source, "torch" in sys.modules, text, sep="|")

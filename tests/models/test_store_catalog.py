@@ -9,8 +9,9 @@ import pytest
 
 from localserve.errors import InvalidRequestError, ModelNotFoundError
 from localserve.models.catalog import load_catalog, parse_hub_uri
+from localserve.models.kinds import ModelKind, kind_of
 from localserve.models.names import gguf_models, pick_gguf, quant_of, validate_file_name, validate_model_id
-from localserve.models.policy import ASR, CHAT, EMBEDDINGS, kind_of, parse_keep_alive, parse_max_loaded_models
+from localserve.models.policy import parse_keep_alive, parse_max_loaded_models
 from localserve.models.registry import resolve
 from localserve.models.store.discovery import find
 from tests.models.conftest import write_catalog
@@ -163,10 +164,12 @@ def test_bad_keep_alive_values(value: object) -> None:
 
 
 def test_max_loaded_models_and_kinds() -> None:
-    assert parse_max_loaded_models("2") == {CHAT: 2, EMBEDDINGS: 2, ASR: 2}
-    assert parse_max_loaded_models("chat=1,asr=0") == {CHAT: 1, EMBEDDINGS: 3, ASR: 0}
+    chat, embeddings, transcription = ModelKind.CHAT, ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
+    assert parse_max_loaded_models("2") == {chat: 2, embeddings: 2, transcription: 2}
+    assert parse_max_loaded_models("chat=1,asr=0") == {chat: 1, embeddings: 3, transcription: 0}
+    assert parse_max_loaded_models("transcription=1") == {chat: 3, embeddings: 3, transcription: 1}
     for bad in ("x", "chat=-1", "gpu=2", "chat"):
         with pytest.raises(ValueError):
             parse_max_loaded_models(bad)
-    assert kind_of(("chat", "coding")) == CHAT
-    assert kind_of(("embeddings",)) == EMBEDDINGS and kind_of(("transcription",)) == ASR
+    assert kind_of(("chat", "coding")) == chat
+    assert kind_of(("embeddings",)) == embeddings and kind_of(("transcription",)) == transcription

@@ -15,7 +15,7 @@ from localserve.backends.speech.common import SpeechBackend
 from localserve.config import ServerSettings
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, LocalServeError, ModelNotFoundError
-from localserve.models.oneshot import TRANSCRIPTION
+from localserve.models.kinds import ModelKind
 from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels
 from localserve.serving.transcription import Transcript, TranscriptionRequest, check, transcribe
@@ -87,7 +87,7 @@ def test_options_follow_the_response_format_and_task() -> None:
 
 @needs_speech
 async def test_speech_transcribes_through_the_batcher(models: LocalModels, wav: Path) -> None:
-    loaded = models.registry.get_oneshot(MODEL, TRANSCRIPTION)
+    loaded = models.registry.get_oneshot(MODEL, ModelKind.TRANSCRIPTION)
     assert isinstance(loaded.backend, SpeechBackend)  # the declared interface, no cast
     before = loaded.batcher.stats()["requests"]
     transcript = await run(models, audio=wav.read_bytes())

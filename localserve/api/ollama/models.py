@@ -28,18 +28,17 @@ from aiohttp import web
 from localserve.api.state import REGISTRY
 from localserve.backends.base import BackendInfo
 from localserve.errors import ModelNotFoundError
-from localserve.models.oneshot import EMBEDDINGS, gguf_architecture
+from localserve.models.kinds import ModelKind
+from localserve.models.oneshot import gguf_architecture
 from localserve.serving.fim import fim_tokens
 
 log = logging.getLogger(__name__)
-
-GENERATE = "generate"
 
 
 @dataclass(frozen=True, slots=True)
 class OllamaModel:
     model_id: str
-    kind: str  # GENERATE or EMBEDDINGS
+    kind: ModelKind  # CHAT or ModelKind.EMBEDDINGS
     path: Path
     info: BackendInfo | None  # None: not loaded
     source: str = ""  # where it was found ("huggingface", "ollama", "lmstudio", "pypi:...")
@@ -61,12 +60,13 @@ def model_id_of(request: web.Request, name: str) -> str:
 def loaded_models(request: web.Request) -> list[OllamaModel]:
     registry = request.app[REGISTRY]
     out = [
-        OllamaModel(model_id, GENERATE, m.spec.path, m.backend.info()) for model_id, m in list(registry.loaded.items())
+        OllamaModel(model_id, ModelKind.CHAT, m.spec.path, m.backend.info())
+        for model_id, m in list(registry.loaded.items())
     ]
     out += [
-        OllamaModel(model_id, EMBEDDINGS, m.spec.path, m.backend.info())
+        OllamaModel(model_id, ModelKind.EMBEDDINGS, m.spec.path, m.backend.info())
         for model_id, m in list(registry.oneshot.items())
-        if m.kind == EMBEDDINGS
+        if m.kind == ModelKind.EMBEDDINGS
     ]
     return out
 
@@ -82,9 +82,9 @@ def installed_models() -> list[OllamaModel]:
         return []
     out = []
     for row in rows:
-        if not row["installed"] or not row["path"] or row["kind"] not in ("chat", EMBEDDINGS):
+        if not row["installed"] or not row["path"] or row["kind"] not in (ModelKind.CHAT, ModelKind.EMBEDDINGS):
             continue
-        kind = EMBEDDINGS if row["kind"] == EMBEDDINGS else GENERATE
+        kind = ModelKind(row["kind"])
         out.append(OllamaModel(row["id"], kind, Path(row["path"]), None, row["source"], row["needs"]))
     return out
 
@@ -172,7 +172,7 @@ def capabilities(request: web.Request, model: OllamaModel) -> list[str]:
     """What Ollama's `/api/show` lists: completion and tools for chat models
     (tool calling works with any model here), insert with FIM tokens
     (known once loaded), embedding."""
-    if model.kind == EMBEDDINGS:
+    if model.kind == ModelKind.EMBEDDINGS:
         return ["embedding"]
     found = ["completion", "tools"]
     if model.loaded and fim_tokens(request.app[REGISTRY].engine.tokenizer(model.model_id)) is not None:

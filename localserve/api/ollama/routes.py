@@ -32,7 +32,6 @@ from localserve.api.hosting import RequestModels
 from localserve.api.middleware import ErrorShape, error_response, parse_body
 from localserve.api.ollama import chat as ollama_chat
 from localserve.api.ollama.models import (
-    GENERATE,
     all_models,
     capabilities,
     details,
@@ -46,7 +45,7 @@ from localserve.api.ollama.models import (
 from localserve.api.state import REGISTRY
 from localserve.backends.base import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
-from localserve.models.oneshot import EMBEDDINGS
+from localserve.models.kinds import ModelKind
 from localserve.serving.embeddings import Embeddings, EmbeddingsRequest
 from localserve.serving.embeddings import embed as serving_embed
 from localserve.serving.fim import fim_tokens
@@ -117,7 +116,7 @@ async def running(request: web.Request) -> web.Response:
         entry["expires_at"] = _in_seconds(expires_in) if isinstance(expires_in, int | float) else NEVER_EXPIRES
         entry["size_vram"] = entry["size"] if model.info.device.upper() != "CPU" else 0
         entry["context_length"] = (
-            registry.engine.capacity(model.model_id).n_ctx if model.kind == GENERATE else model.info.n_ctx_train
+            registry.engine.capacity(model.model_id).n_ctx if model.kind == ModelKind.CHAT else model.info.n_ctx_train
         )
         out.append(entry)
     return web.json_response({"models": out})
@@ -152,7 +151,7 @@ async def show(request: web.Request) -> web.Response:
     if model.info is not None:
         family = facts["family"]
         model_info = {"general.architecture": family, "general.parameter_count": model.info.num_params}
-        if model.kind == GENERATE:
+        if model.kind == ModelKind.CHAT:
             tokenizer = registry.engine.tokenizer(model.model_id)
             context_length = registry.engine.capacity(model.model_id).n_ctx
             template = _template(tokenizer)
@@ -254,7 +253,7 @@ async def _embed(
     model_id = model_id_of(request, name)
     registry = request.app[REGISTRY]
     if refuse_chat_models and model_id in registry.loaded:
-        embedders = [m for m, o in registry.oneshot.items() if o.kind == EMBEDDINGS]
+        embedders = [m for m, o in registry.oneshot.items() if o.kind == ModelKind.EMBEDDINGS]
         raise InvalidRequestError(
             f'"{name}" is a chat model and does not make embeddings here; use an embeddings model '
             f"(loaded: {', '.join(embedders) or 'none'})",

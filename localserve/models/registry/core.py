@@ -17,7 +17,7 @@
   it 5 minutes for models loaded on demand, forever for start-up models).
   0 unloads it as soon as it is idle, a negative value keeps it forever.
   A reaper task unloads idle models whose keep_alive has run out.
-* **Limits.** Each kind (chat, embeddings, asr) holds at most
+* **Limits.** Each kind (chat, embeddings, transcription) holds at most
   `--max-loaded-models` models loaded on demand; to make room, the least
   recently used *idle* model of the kind is unloaded. A model is idle when
   no lease is held and neither its engine queue nor its batcher has work.
@@ -48,28 +48,19 @@ from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
 from localserve.models.catalog import ModelOptions
+from localserve.models.kinds import ModelKind, kind_of
 from localserve.models.names import validate_model_id
 from localserve.models.oneshot import oneshot_kind
 from localserve.models.plan import LoadReport
 from localserve.models.policy import (
     DEFAULT_ON_DEMAND_KEEP_ALIVE_S,
     FOREVER,
-    kind_of,
     parse_keep_alive,
     parse_max_loaded_models,
 )
 from localserve.models.registry.keeping import Keeper, check_kind, retrieve
 from localserve.models.registry.opening import open_generative, open_oneshot
-from localserve.models.registry.records import (
-    LOADED,
-    LOADING,
-    PENDING,
-    UNLOADING,
-    Lease,
-    LoadedModel,
-    LoadedOneShot,
-    ModelRecord,
-)
+from localserve.models.registry.records import Lease, LoadedModel, LoadedOneShot, ModelRecord, RecordState
 from localserve.models.registry.specs import ModelSpec, find_spec, resolve
 from localserve.models.registry.views import RegistryViews
 
@@ -138,7 +129,9 @@ class ModelRegistry(RegistryViews):
     async def close(self) -> None:
         """Server shutdown: abandon the loads still running, stop the reaper,
         close the engine and every one-shot model."""
-        tasks = [self.startup] + [r.task for r in self.records.values() if r.state in (PENDING, LOADING)]
+        tasks = [self.startup] + [
+            r.task for r in self.records.values() if r.state in (RecordState.PENDING, RecordState.LOADING)
+        ]
         for task in tasks:
             if task is not None and not task.done():
                 task.cancel()
@@ -161,7 +154,12 @@ class ModelRegistry(RegistryViews):
             raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
 
     async def acquire(
-        self, name: str, *, kind: str | None = None, keep_alive: object = None, options: ModelOptions | None = None
+        self,
+        name: str,
+        *,
+        kind: ModelKind | None = None,
+        keep_alive: object = None,
+        options: ModelOptions | None = None,
     ) -> Lease:
         """Hold model `name` loaded (loading it first if needed, with `options`
         if given); 400 for a bad id, the wrong kind or other options than the
@@ -171,7 +169,7 @@ class ModelRegistry(RegistryViews):
         record = await self._record(name, kind, options if options is not None and options.given() else None)
         record.num_users += 1
         try:
-            if record.state in (PENDING, LOADING):
+            if record.state in (RecordState.PENDING, RecordState.LOADING):
                 assert record.task is not None
                 await asyncio.shield(record.task)  # a cancelled request does not cancel the shared load
         except BaseException:
@@ -188,7 +186,7 @@ class ModelRegistry(RegistryViews):
         record.keep_alive_s = record.default_keep_alive_s if lease.keep_alive_s is None else lease.keep_alive_s
         self.keeper.changed()
 
-    async def _record(self, name: str, kind: str | None, options: ModelOptions | None) -> ModelRecord:
+    async def _record(self, name: str, kind: ModelKind | None, options: ModelOptions | None) -> ModelRecord:
         """The record of the model `name` means, its load started if needed."""
         model_id = self._names.get(name, name)
         while True:
@@ -207,13 +205,13 @@ class ModelRegistry(RegistryViews):
                 if record is None:
                     record = self._start_load(spec, on_demand=True)
             check_kind(model_id, record.kind, kind)
-            if options is not None and record.spec.options != options and record.state != UNLOADING:
+            if options is not None and record.spec.options != options and record.state != RecordState.UNLOADING:
                 raise InvalidRequestError(
                     f"model {model_id!r} is loaded with other options ({record.spec.options.given() or 'its defaults'}); "
                     "unload it first (POST /api/v1/unload) to load it with these",
                     param="options",
                 )
-            if record.state != UNLOADING:
+            if record.state != RecordState.UNLOADING:
                 return record
             assert record.task is not None
             await asyncio.shield(record.task)
@@ -235,14 +233,14 @@ class ModelRegistry(RegistryViews):
         `localserve run`, `batch run`); it stays loaded per `--keep-alive`,
         else forever. Callers that ask while it loads share that load."""
         record = self.records.get(spec.model_id)
-        while record is not None and record.state == UNLOADING:
+        while record is not None and record.state == RecordState.UNLOADING:
             assert record.task is not None
             await asyncio.shield(record.task)
             record = self.records.get(spec.model_id)
         if record is None:
             record = self._start_load(spec, on_demand=False)
         record.default_keep_alive_s = record.keep_alive_s = self._default_keep_alive(on_demand=False)
-        if record.state != LOADED:
+        if record.state != RecordState.LOADED:
             assert record.task is not None
             await asyncio.shield(record.task)
         assert record.model is not None
@@ -266,14 +264,14 @@ class ModelRegistry(RegistryViews):
             if on_demand:
                 await self.keeper.make_room(record)
                 log.info("loading %s (%s) on demand", record.model_id, record.kind)
-            record.state = LOADING
+            record.state = RecordState.LOADING
             record.model = await self._install(record.spec)
         except BaseException:
             if self.records.get(record.model_id) is record:
                 del self.records[record.model_id]
             self.keeper.changed()
             raise
-        record.state = LOADED
+        record.state = RecordState.LOADED
         record.last_used = time.monotonic()
         self._known[record.model_id] = dataclasses.replace(record.spec, options=ModelOptions())  # next: its own
         log.info("model %s ready (%s, %.1f s)", record.model_id, record.spec.path, record.model.load_seconds)
@@ -296,7 +294,7 @@ class ModelRegistry(RegistryViews):
         """Open a generative model's backend (blocking)."""
         return open_generative(spec, self.settings)
 
-    def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+    def open_oneshot(self, spec: ModelSpec, kind: ModelKind) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
         """Open a one-shot model's backend (blocking: converts on first use)."""
         return open_oneshot(spec, kind, self.settings)
 
@@ -322,13 +320,17 @@ class ModelRegistry(RegistryViews):
         validate_model_id(model_id)
         model_id = self._names.get(model_id, model_id)
         record = self.records.get(model_id)
-        if record is not None and record.state in (PENDING, LOADING) and record.task is not None:
+        if (
+            record is not None
+            and record.state in (RecordState.PENDING, RecordState.LOADING)
+            and record.task is not None
+        ):
             with contextlib.suppress(Exception):  # a failed load: nothing to unload
                 await asyncio.shield(record.task)
             record = self.records.get(model_id)
         if record is None:
             raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
-        if record.state == UNLOADING and record.task is not None:
+        if record.state == RecordState.UNLOADING and record.task is not None:
             await asyncio.shield(record.task)
             return
         await self.keeper.unload(record, "asked to")

@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from localserve.errors import InvalidRequestError, QueueFullError
-from localserve.models.policy import ASR, CHAT, EMBEDDINGS, format_keep_alive
-from localserve.models.registry.records import LOADED, LOADING, UNLOADING, ModelRecord
+from localserve.models.kinds import ROUTES, ModelKind
+from localserve.models.policy import format_keep_alive
+from localserve.models.registry.records import ModelRecord, RecordState
 
 log = logging.getLogger(__name__)
 
 EVICT_WAIT_S = 60.0  # how long a load waits for a busy model of its kind to become idle
 REAP_INTERVAL_S = 1.0
-ROUTES = {CHAT: "/v1/chat/completions", EMBEDDINGS: "/v1/embeddings", ASR: "/v1/audio/transcriptions"}
 
 
 class KeptModels(Protocol):
@@ -31,7 +31,7 @@ class KeptModels(Protocol):
     def records(self) -> dict[str, ModelRecord]: ...
 
     @property
-    def limits(self) -> Mapping[str, int]: ...
+    def limits(self) -> Mapping[ModelKind, int]: ...
 
     def busy(self, record: ModelRecord) -> bool: ...
 
@@ -43,7 +43,7 @@ class Keeper:
 
     def __init__(self, registry: KeptModels) -> None:
         self.registry = registry
-        self._kind_locks: dict[str, asyncio.Lock] = {}
+        self._kind_locks: dict[ModelKind, asyncio.Lock] = {}
         self._changed = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -62,12 +62,14 @@ class Keeper:
                 others = [
                     r
                     for r in self.registry.records.values()
-                    if r.kind == record.kind and r is not record and r.state in (LOADING, LOADED, UNLOADING)
+                    if r.kind == record.kind
+                    and r is not record
+                    and r.state in (RecordState.LOADING, RecordState.LOADED, RecordState.UNLOADING)
                 ]
                 if len(others) < limit:
                     break
-                unloading = next((r for r in others if r.state == UNLOADING), None)
-                idle = [r for r in others if r.state == LOADED and not self.registry.busy(r)]
+                unloading = next((r for r in others if r.state == RecordState.UNLOADING), None)
+                idle = [r for r in others if r.state == RecordState.LOADED and not self.registry.busy(r)]
                 if unloading is not None:
                     assert unloading.task is not None
                     await asyncio.shield(unloading.task)
@@ -82,10 +84,10 @@ class Keeper:
                     )
                 else:
                     await self._wait_for_change(0.25)  # in-flight counts change without a signal
-            record.state = LOADING
+            record.state = RecordState.LOADING
 
     async def unload(self, record: ModelRecord, reason: str) -> None:
-        record.state = UNLOADING
+        record.state = RecordState.UNLOADING
         record.task = asyncio.create_task(self._unload(record, reason), name=f"localserve-unload-{record.model_id}")
         record.task.add_done_callback(retrieve)
         await asyncio.shield(record.task)
@@ -116,7 +118,7 @@ class Keeper:
         """Unload every idle model whose keep_alive ran out; seconds until the next one may."""
         next_check = REAP_INTERVAL_S
         for record in list(self.registry.records.values()):
-            if record.state != LOADED:
+            if record.state != RecordState.LOADED:
                 continue
             now = time.monotonic()
             if self.registry.busy(record):
@@ -148,7 +150,7 @@ class Keeper:
         self._changed.clear()
 
 
-def check_kind(model_id: str, kind: str, wanted: str | None) -> None:
+def check_kind(model_id: str, kind: ModelKind, wanted: ModelKind | None) -> None:
     """400 when a request for a `wanted` model names a model of another kind."""
     if wanted is not None and kind != wanted:
         raise InvalidRequestError(

@@ -12,18 +12,18 @@ from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.backend_registry import BackendContext, Opened, as_opened, named
+from localserve.models.kinds import ModelKind, kind_of
 from localserve.models.oneshot import BATCHING
 from localserve.models.options import resolve_options
 from localserve.models.plan import LoadReport, plain_report
 from localserve.models.registry.specs import ModelSpec
-from localserve.models.store.discovery import backend_kind
 
 log = logging.getLogger(__name__)
 
 
 def open_backend(spec: ModelSpec, settings: ServerSettings) -> Opened:
     """The backend, its load report and its batching (each may be None)."""
-    backend_spec = named(spec.backend, backend_kind(spec.labels))
+    backend_spec = named(spec.backend, kind_of(spec.labels))
     backend_spec.require(spec.model_id)
     options = resolve_options(spec.model_id, settings, spec.options)
     context = BackendContext(spec.model_id, settings, options, spec.options)
@@ -44,7 +44,7 @@ def open_generative(spec: ModelSpec, settings: ServerSettings) -> tuple[Generati
     return backend, report
 
 
-def open_oneshot(spec: ModelSpec, kind: str, settings: ServerSettings) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+def open_oneshot(spec: ModelSpec, kind: ModelKind, settings: ServerSettings) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
     """An embeddings or speech model's backend (converted on first use) and its batching."""
     opened = open_backend(spec, settings)
     backend, batching = opened.backend, opened.batching

@@ -7,15 +7,23 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.engine.batcher import Batcher
+from localserve.models.kinds import ModelKind
 from localserve.models.plan import LoadReport
 from localserve.models.policy import FOREVER
 from localserve.models.registry.specs import ModelSpec
 
-#: A record's states: waiting for room, opening its backend, serving, closing.
-PENDING, LOADING, LOADED, UNLOADING = "pending", "loading", "loaded", "unloading"
+
+class RecordState(StrEnum):
+    """Where a model is in its life (`GET /api/v1/loaded` shows it)."""
+
+    PENDING = "pending"  # waiting for room among the loaded models of its kind
+    LOADING = "loading"  # opening its backend
+    LOADED = "loaded"  # serving
+    UNLOADING = "unloading"  # closing
 
 
 @dataclass(slots=True)
@@ -34,7 +42,7 @@ class LoadedOneShot:
     """An embeddings or speech model: its backend behind its batcher."""
 
     spec: ModelSpec
-    kind: str  # "embeddings" | "transcription"
+    kind: ModelKind  # EMBEDDINGS or TRANSCRIPTION
     backend: OneShotBackend  # type: ignore[type-arg]
     batcher: Batcher  # type: ignore[type-arg]
     loaded_at: float = field(default_factory=time.time)
@@ -46,9 +54,9 @@ class ModelRecord:
     """One model of the registry, from the start of its load to its unload."""
 
     spec: ModelSpec
-    kind: str  # the limit it counts against: chat, embeddings, asr (models/policy.py)
+    kind: ModelKind  # and so the `--max-loaded-models` limit it counts against
     default_keep_alive_s: float
-    state: str = PENDING
+    state: RecordState = RecordState.PENDING
     num_users: int = 0  # leases held, and requests waiting for the load
     last_used: float = field(default_factory=time.monotonic)
     keep_alive_s: float = FOREVER  # once idle; set by each release

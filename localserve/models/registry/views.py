@@ -9,8 +9,9 @@ import time
 
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
+from localserve.models.kinds import ROUTES, ModelKind
 from localserve.models.policy import FOREVER, format_keep_alive
-from localserve.models.registry.records import LOADED, LOADING, PENDING, LoadedModel, LoadedOneShot, ModelRecord
+from localserve.models.registry.records import LoadedModel, LoadedOneShot, ModelRecord, RecordState
 
 
 class RegistryViews:
@@ -30,45 +31,46 @@ class RegistryViews:
         return {i: m for i, m in self._serving().items() if isinstance(m, LoadedOneShot)}
 
     def _serving(self) -> dict[str, LoadedModel | LoadedOneShot]:
-        return {i: r.model for i, r in list(self.records.items()) if r.state == LOADED and r.model is not None}
+        return {
+            i: r.model for i, r in list(self.records.items()) if r.state == RecordState.LOADED and r.model is not None
+        }
 
     @property
     def loading(self) -> list[str]:
         """The models whose load has started and not ended, sorted."""
-        return sorted(i for i, r in list(self.records.items()) if r.state in (PENDING, LOADING))
+        return sorted(i for i, r in list(self.records.items()) if r.state in (RecordState.PENDING, RecordState.LOADING))
 
     def is_loaded(self, model_id: str) -> bool:
         """`model_id` serves (loaded, not unloading)."""
         record = self.records.get(model_id)
-        return record is not None and record.state == LOADED
+        return record is not None and record.state == RecordState.LOADED
 
     def get(self, model_id: str) -> LoadedModel:
         """A loaded generative model; 400 for another kind, 503 while it loads, else 404."""
         record = self.records.get(model_id)
-        model = record.model if record is not None and record.state == LOADED else None
+        model = record.model if record is not None and record.state == RecordState.LOADED else None
         if isinstance(model, LoadedModel):
             return model
         if isinstance(model, LoadedOneShot):
             kind = model.kind
-            route = "/v1/embeddings" if kind == "embeddings" else "/v1/audio/transcriptions"
-            raise InvalidRequestError(f"model {model_id!r} is a {kind} model; use {route}", param="model")
-        if record is not None and record.state in (PENDING, LOADING):
+            raise InvalidRequestError(f"model {model_id!r} is a {kind} model; use {ROUTES[kind]}", param="model")
+        if record is not None and record.state in (RecordState.PENDING, RecordState.LOADING):
             raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
         known = ", ".join(sorted(self.loaded)) or "none"
         raise ModelNotFoundError(
             f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model"
         )
 
-    def get_oneshot(self, model_id: str, kind: str) -> LoadedOneShot:
+    def get_oneshot(self, model_id: str, kind: ModelKind) -> LoadedOneShot:
         """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
         record = self.records.get(model_id)
-        model = record.model if record is not None and record.state == LOADED else None
+        model = record.model if record is not None and record.state == RecordState.LOADED else None
         if isinstance(model, LoadedOneShot) and model.kind == kind:
             return model
         if model is not None:
             what = model.kind if isinstance(model, LoadedOneShot) else "chat/completions"
             raise InvalidRequestError(f"model {model_id!r} is a {what} model, not a {kind} model", param="model")
-        if record is not None and record.state in (PENDING, LOADING):
+        if record is not None and record.state in (RecordState.PENDING, RecordState.LOADING):
             raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
         known = ", ".join(sorted(m for m, o in self.oneshot.items() if o.kind == kind)) or "none"
         raise ModelNotFoundError(f"The {kind} model {model_id!r} is not loaded (loaded: {known})", param="model")
@@ -96,17 +98,17 @@ class RegistryViews:
         now = time.monotonic()
         out = []
         for record in sorted(list(self.records.values()), key=lambda r: r.model_id):
-            idle = record.state == LOADED and not self.busy(record)
+            idle = record.state == RecordState.LOADED and not self.busy(record)
             expires_in = record.last_used + record.keep_alive_s - now if idle else None
             out.append(
                 {
                     "id": record.model_id,
                     "kind": record.kind,
                     "state": record.state,
-                    "in_use": not idle and record.state == LOADED,
+                    "in_use": not idle and record.state == RecordState.LOADED,
                     "keep_alive": format_keep_alive(record.keep_alive_s),
                     "expires_in_s": None if expires_in is None or expires_in == FOREVER else max(0.0, expires_in),
-                    "options": self.load_report(record.model_id) if record.state == LOADED else {},
+                    "options": self.load_report(record.model_id) if record.state == RecordState.LOADED else {},
                 }
             )
         return out

