@@ -1,22 +1,57 @@
-"""Every error a client can meet, in OpenAI's envelope with the right status."""
+"""Every error a client can meet, in OpenAI's envelope with the right status
+(or, on their routes, Ollama's and Anthropic's shapes).
+
+What validation refuses needs no model: those tests send their requests to
+the app through aiohttp's test client (`edge`), over a model registry whose
+engine holds no model. The tests marked `slow` need a model's answers, its
+tokenizer or the engine's limits, and use the real servers of conftest.py.
+"""
 
 from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from aiohttp.test_utils import TestClient
 
+from localserve.api.app import create_app
+from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.faults import EVERY_STEP, FaultInjectingBackend
-from tests.api.harness import API_KEY, MODEL_ID, ServerThread, open_raw_stream
+from localserve.models.registry import ModelRegistry
+from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings, open_raw_stream
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 HELLO = [{"role": "user", "content": "Hello"}]
+
+Edge = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture
+def edge(aiohttp_client: Any, tmp_path: Path) -> Edge:
+    """Makes a test client of the app with no model behind it (settings as
+    `make_settings`' but no start-up model, and `overrides`); the client
+    sends the API key, if there is one."""
+
+    async def make(**overrides: Any) -> TestClient:
+        settings = make_settings(**{"models": [], "api_key": API_KEY, "data_dir": str(tmp_path), **overrides})
+        app = create_app(settings, ModelRegistry(Engine(EngineConfig()), settings))
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        return await aiohttp_client(app, headers=headers)
+
+    return make
+
+
+@pytest.fixture
+async def api(edge: Edge) -> TestClient:
+    return await edge()
 
 
 def envelope(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -28,18 +63,29 @@ def envelope(response: httpx.Response, status: int) -> dict[str, Any]:
     return error
 
 
-def test_malformed_json(http: httpx.Client) -> None:
-    response = http.post(
-        "/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"Content-Type": "application/json"}
+async def edge_envelope(response: Any, status: int) -> dict[str, Any]:
+    """`envelope` for an aiohttp test client's response."""
+    text = await response.text()
+    assert response.status == status, text
+    assert response.headers["Content-Type"].startswith("application/json")
+    error: dict[str, Any] = json.loads(text)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    return error
+
+
+async def test_malformed_json(api: TestClient) -> None:
+    response = await api.post(
+        "/v1/chat/completions", data=b'{"model": "x", "messages": [', headers={"Content-Type": "application/json"}
     )
-    error = envelope(response, 400)
+    error = await edge_envelope(response, 400)
     assert error["type"] == "invalid_request_error"
     assert "JSON" in error["message"]
 
 
 @pytest.mark.parametrize("body", [b"", b"[1, 2]", b"\xff\xfe"])
-def test_body_not_a_json_object(http: httpx.Client, body: bytes) -> None:
-    envelope(http.post("/v1/chat/completions", content=body), 400)
+async def test_body_not_a_json_object(api: TestClient, body: bytes) -> None:
+    await edge_envelope(await api.post("/v1/chat/completions", data=body), 400)
 
 
 @pytest.mark.parametrize(
@@ -56,25 +102,26 @@ def test_body_not_a_json_object(http: httpx.Client, body: bytes) -> None:
         ({"model": MODEL_ID, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ],
 )
-def test_invalid_chat_fields(http: httpx.Client, body: dict[str, Any], param: str) -> None:
-    error = envelope(http.post("/v1/chat/completions", json=body), 400)
+async def test_invalid_chat_fields(api: TestClient, body: dict[str, Any], param: str) -> None:
+    error = await edge_envelope(await api.post("/v1/chat/completions", json=body), 400)
     assert error["param"] == param
     assert param.split("[")[0] in error["message"]
 
 
-def test_missing_field_message(http: httpx.Client) -> None:
-    error = envelope(http.post("/v1/chat/completions", json={"model": MODEL_ID}), 400)
+async def test_missing_field_message(api: TestClient) -> None:
+    error = await edge_envelope(await api.post("/v1/chat/completions", json={"model": MODEL_ID}), 400)
     assert error["message"] == "Missing required parameter: 'messages'."
 
 
-def test_image_parts_refused(http: httpx.Client) -> None:
+async def test_image_parts_refused(api: TestClient) -> None:
     parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": parts}]}
-    error = envelope(http.post("/v1/chat/completions", json=body), 400)
+    error = await edge_envelope(await api.post("/v1/chat/completions", json=body), 400)
     assert error["param"] == "messages[0].content"
     assert "image_url" in error["message"]
 
 
+@slow
 def test_text_parts_equal_plain_content(client: openai.OpenAI) -> None:
     parts = [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]
     answers = [
@@ -88,6 +135,7 @@ def test_text_parts_equal_plain_content(client: openai.OpenAI) -> None:
     assert answers[0] == answers[1]
 
 
+@slow
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
@@ -105,6 +153,7 @@ def test_invalid_completion_fields(http: httpx.Client, extra: dict[str, Any], pa
     assert error["param"] == param
 
 
+@slow
 def test_bad_json_schema(http: httpx.Client) -> None:
     body = {
         "model": MODEL_ID,
@@ -115,6 +164,7 @@ def test_bad_json_schema(http: httpx.Client) -> None:
     assert error["param"].startswith("response_format")
 
 
+@slow
 def test_unknown_model_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="no-such-model", messages=HELLO)
@@ -126,18 +176,19 @@ def test_unknown_model_404(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("model_id", ["%7Bbraces%7D", "a%5Cb", "..%2Fetc"])
-def test_a_model_id_with_odd_characters_is_a_clear_400_not_a_405(http: httpx.Client, model_id: str) -> None:
-    error = envelope(http.get(f"/v1/models/{model_id}"), 400)
+async def test_a_model_id_with_odd_characters_is_a_clear_400_not_a_405(api: TestClient, model_id: str) -> None:
+    error = await edge_envelope(await api.get(f"/v1/models/{model_id}"), 400)
     assert error["param"] == "model" and "invalid model id" in error["message"]
 
 
 @pytest.mark.parametrize("model_id", ["org/no-such-model", "a%2Fb"])
-def test_an_org_repo_name_that_is_nowhere_is_a_404(http: httpx.Client, model_id: str) -> None:
+async def test_an_org_repo_name_that_is_nowhere_is_a_404(api: TestClient, model_id: str) -> None:
     # org/repo is how Hugging Face models are named (models/names.py): valid, just not here
-    error = envelope(http.get(f"/v1/models/{model_id}"), 404)
+    error = await edge_envelope(await api.get(f"/v1/models/{model_id}"), 404)
     assert error["param"] == "model"
 
 
+@slow
 def test_prompt_longer_than_context_400(client: openai.OpenAI, server: ServerThread) -> None:
     long_text = "hello world " * 2000  # about 4000 tokens, context is 2048
     with pytest.raises(openai.BadRequestError) as caught:
@@ -151,15 +202,39 @@ def test_prompt_longer_than_context_400(client: openai.OpenAI, server: ServerThr
     assert str(server.settings.ctx_size) in caught.value.message
 
 
-def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
-    error = envelope(http.get("/v1/no-such-route"), 404)
+async def test_unknown_route_and_wrong_method(api: TestClient) -> None:
+    error = await edge_envelope(await api.get("/v1/no-such-route"), 404)
     assert "/v1/no-such-route" in error["message"]
-    response = http.get("/v1/chat/completions")
-    error = envelope(response, 405)
+    response = await api.get("/v1/chat/completions")
+    error = await edge_envelope(response, 405)
     assert "POST" in response.headers["Allow"]
     assert error["code"] == "method_not_allowed"
 
 
+async def test_each_dialect_answers_errors_in_its_own_shape(edge: Edge) -> None:
+    """One error middleware: OpenAI's envelope, Ollama's `{"error": "..."}`
+    on its routes, Anthropic's `{"type": "error", ...}` on the Messages
+    routes; the same statuses and headers everywhere."""
+    api = await edge()
+    bad_json = {"data": b"{", "headers": {"Content-Type": "application/json"}}
+    response = await api.post("/api/chat", **bad_json)
+    assert response.status == 400 and set(await response.json()) == {"error"}
+    response = await api.get("/api/chat")
+    assert response.status == 405 and "POST" in response.headers["Allow"]
+    assert "is not allowed" in (await response.json())["error"]
+    response = await api.post("/v1/messages", **bad_json)
+    body = await response.json()
+    assert response.status == 400 and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error" and "JSON" in body["error"]["message"]
+    await edge_envelope(await api.post("/v1/chat/completions", **bad_json), 400)
+    no_key = {"Authorization": ""}
+    response = await api.get("/api/tags", headers=no_key)
+    assert response.status == 401 and set(await response.json()) == {"error"}
+    response = await api.post("/v1/messages", json={}, headers=no_key)
+    assert response.status == 401 and (await response.json())["error"]["type"] == "authentication_error"
+
+
+@slow
 def test_api_key(server: ServerThread) -> None:
     url = f"{server.base_url}/v1/models"
     error = envelope(httpx.get(url), 401)
@@ -174,18 +249,20 @@ def test_api_key(server: ServerThread) -> None:
         wrong.chat.completions.create(model=MODEL_ID, messages=HELLO)
 
 
-def test_no_key_needed_without_api_key(small_server: ServerThread) -> None:
-    assert httpx.get(f"{small_server.base_url}/v1/models").status_code == 200
+async def test_no_key_needed_without_api_key(edge: Edge) -> None:
+    api = await edge(api_key=None)
+    assert (await api.get("/v1/models")).status == 200
 
 
-def test_body_too_large_413(small_server: ServerThread) -> None:
+async def test_body_too_large_413(edge: Edge) -> None:
+    api = await edge(max_body_bytes=64 * 1024)
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "x" * 100_000}]}
-    response = httpx.post(f"{small_server.base_url}/v1/chat/completions", json=body, timeout=30)
-    error = envelope(response, 413)
+    error = await edge_envelope(await api.post("/v1/chat/completions", json=body), 413)
     assert error["code"] == "payload_too_large"
     assert str(64 * 1024) in error["message"]
 
 
+@slow
 def test_queue_full_503(small_server: ServerThread) -> None:
     """One slot and a queue of one: a third request is refused with 503 and
     Retry-After; the two held requests end when their clients leave."""
@@ -212,6 +289,7 @@ def test_queue_full_503(small_server: ServerThread) -> None:
     assert small_server.wait_in_flight(lambda n: n == 0, timeout=3) == 0
 
 
+@slow
 def test_unexpected_error_is_a_500_envelope(client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
@@ -244,6 +322,7 @@ def set_fault(srv: ServerThread, fault: FailAfter | None) -> None:
         backend.fail_steps(EVERY_STEP, after=fault.num_good_steps)
 
 
+@slow
 def test_backend_error_before_output_is_a_500(small_server: ServerThread) -> None:
     set_fault(small_server, FailAfter(0))
     try:
@@ -257,6 +336,7 @@ def test_backend_error_before_output_is_a_500(small_server: ServerThread) -> Non
         set_fault(small_server, None)
 
 
+@slow
 def test_backend_error_mid_stream_is_an_sse_error(small_server: ServerThread) -> None:
     sdk = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0)
     set_fault(small_server, FailAfter(4))  # prefill + a few tokens, then failure
