@@ -15,9 +15,10 @@ import pytest
 
 from localserve.api.admin.stats import add_one_shot_provider, set_batches_provider
 from localserve.api.state import REGISTRY
+from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER
 from localserve.models.registry import LoadedOneShot, ModelRecord, ModelSpec
-from localserve.models.registry.records import LOADED
+from localserve.models.registry.records import RecordState
 from tests.tui.live import MODEL_ID, LiveServer, empty_app, make_settings, serve
 
 SNAPSHOT_KEYS = {
@@ -137,7 +138,7 @@ async def test_one_shot_models_of_the_registry_are_listed() -> None:
     batcher = SimpleNamespace(stats=lambda *_: {"queue_items": 3, "mean_batch_size": 8.0}, close=lambda: None)
     spec = ModelSpec("minilm", Path("/models/minilm"), ("embeddings",))
     model = LoadedOneShot(spec, "embeddings", SimpleNamespace(close=lambda: None), batcher)  # type: ignore[arg-type]
-    app[REGISTRY].records["minilm"] = ModelRecord(spec, "embeddings", FOREVER, LOADED, model=model)
+    app[REGISTRY].records["minilm"] = ModelRecord(spec, ModelKind.EMBEDDINGS, FOREVER, RecordState.LOADED, model=model)
     async with serve(app) as client:
         body = await (await client.get("/api/v1/stats")).json()
     assert body["one_shot"] == {
