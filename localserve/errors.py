@@ -173,4 +173,3 @@ class LlamaCppBuildError(LocalServeError):
     """The installed llama.cpp library dies on this CPU (backends/llamacpp/selfcheck.py)."""
 
     code = "llama_cpp_build_crashes"
-

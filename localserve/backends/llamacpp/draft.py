@@ -218,4 +218,3 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
