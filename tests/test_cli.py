@@ -153,6 +153,9 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_CACHE_TYPE_K": "q8_0",
         "LOCALSERVE_CACHE_TYPE_V": "q4_0",
         "LOCALSERVE_FLASH_ATTN": "on",
+        "LOCALSERVE_SPECULATIVE": "draft",
+        "LOCALSERVE_DRAFT_MODEL": "/m/draft.gguf",
+        "LOCALSERVE_DRAFT_MAX": "4",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -182,6 +185,9 @@ def test_every_option_reads_its_env_var() -> None:
         cache_type_k="q8_0",
         cache_type_v="q4_0",
         flash_attn="on",
+        speculative="draft",
+        draft_model="/m/draft.gguf",
+        draft_max=4,
     )
 
 

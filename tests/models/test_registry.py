@@ -20,6 +20,7 @@ import pytest
 from localserve.backends.base import BackendInfo, GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
+from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError, QueueFullError
 from localserve.models.catalog import ModelOptions
 from localserve.models.plan import LoadReport
@@ -63,6 +64,13 @@ class Echo(OneShotBackend[str, str]):
         return BackendInfo("echo", "CPU", "/models/echo")
 
 
+class Idle:
+    """A generative backend the fake engine never steps: the registry only reads its capacity."""
+
+    def capacity(self) -> Capacity:
+        return Capacity(1, 512, 512, 512)
+
+
 class ScriptedRegistry(ModelRegistry):
     """Records opens and unloads; an open takes `load_s` and may be told to fail."""
 
@@ -81,7 +89,7 @@ class ScriptedRegistry(ModelRegistry):
 
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:
         self._open(spec)
-        return object(), LoadReport(512, 1, 512, 0, 0, 0, "CPU")  # type: ignore[return-value]
+        return Idle(), LoadReport(512, 1, 512, 0, 0, 0, "CPU")  # type: ignore[return-value]
 
     def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
         self._open(spec)
