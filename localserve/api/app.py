@@ -141,6 +141,8 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "loading"}, status=503)
     if registry.load_errors:
         return web.json_response({"status": "error", "errors": registry.load_errors}, status=503)
+    if registry.not_loaded:  # start-up models beyond --max-loaded-models: they load on first request
+        return web.json_response({"status": "ok", "not_loaded": registry.not_loaded})
     return web.json_response({"status": "ok"})
 
 

@@ -25,6 +25,12 @@ from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFo
 #: and of those refused while it drains. The API answers it with a 503
 #: (`engine_stopped`, `Retry-After`): the request was fine, the server is going.
 SHUTDOWN_MESSAGE = "the server is shutting down; retry the request shortly"
+#: The error of requests still running on a model being swapped out
+#: (`--max-loaded-models`) when its wait for them ran out; a 503 as well.
+SWAPPED_OUT_MESSAGE = (
+    "the model was unloaded to make room for another (--max-loaded-models) before this answer finished; "
+    "retry the request"
+)
 DRAIN_POLL_S = 0.05
 
 
@@ -150,14 +156,18 @@ class Engine:
         deadline = time.monotonic() + timeout
         while any(m.streams for m in self._models.values()) and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
-        num_ended = 0
-        for model in self._models.values():
-            for request_id, stream in list(model.streams.items()):
-                model.forget(request_id)
-                model.worker.abort(request_id)
-                stream._deliver(_ended(stream, request_id, FinishReason.ERROR, SHUTDOWN_MESSAGE))
-                num_ended += 1
-        return num_ended
+        return sum(self.end_requests(model_id, SHUTDOWN_MESSAGE) for model_id in list(self._models))
+
+    def end_requests(self, model_id: str, message: str) -> int:
+        """End every request in flight on `model_id` now, with
+        `FinishReason.ERROR` and `message`; how many were ended."""
+        model = self._model(model_id)
+        streams = list(model.streams.items())
+        for request_id, stream in streams:
+            model.forget(request_id)
+            model.worker.abort(request_id)
+            stream._deliver(_ended(stream, request_id, FinishReason.ERROR, message))
+        return len(streams)
 
     def model_ids(self) -> list[str]:
         return list(self._models)

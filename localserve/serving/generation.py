@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from localserve.engine.engine import SHUTDOWN_MESSAGE, Engine, RequestStream
+from localserve.engine.engine import SHUTDOWN_MESSAGE, SWAPPED_OUT_MESSAGE, Engine, RequestStream
 from localserve.engine.types import GenerateRequest, SamplingParams, TokenEvent
 from localserve.errors import BackendError, ContextLengthError, EngineStoppedError, LocalServeError
 
 
 def event_error(event: TokenEvent) -> LocalServeError:
     """The client's error for an event that ended with `FinishReason.ERROR`:
-    a 503 `engine_stopped` when a graceful shutdown ended the request (it was
-    fine; retrying it against the restarted server works), else a 500
-    `backend_error` (the step failed)."""
-    if event.error == SHUTDOWN_MESSAGE:
-        return EngineStoppedError(SHUTDOWN_MESSAGE)
+    a 503 `engine_stopped` when a graceful shutdown or a model swap whose
+    wait ran out ended the request (it was fine; retrying it works), else a
+    500 `backend_error` (the step failed)."""
+    if event.error in (SHUTDOWN_MESSAGE, SWAPPED_OUT_MESSAGE):
+        return EngineStoppedError(event.error)
     return BackendError(event.error or "generation failed")
 
 

@@ -1,6 +1,6 @@
 """ModelRegistry with scripted backends and a fake engine: shared loads, LRU
-eviction of idle models only, keep_alive and the reaper, start-up loads and
-their errors. The registry's own code runs; only the backends' opening and
+eviction (idle models at once, busy ones after a bounded drain), keep_alive and the reaper, start-up loads and
+their errors and limits. The registry's own code runs; only the backends' opening and
 the engine's step threads are replaced (a real batcher runs the one-shot
 models)."""
 
@@ -20,13 +20,21 @@ import pytest
 from localserve.backends.base import BackendInfo, GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
-from localserve.engine.types import Capacity
-from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError, QueueFullError
+from localserve.engine.engine import SWAPPED_OUT_MESSAGE
+from localserve.engine.types import Capacity, FinishReason, TokenEvent
+from localserve.errors import (
+    EngineStoppedError,
+    InvalidRequestError,
+    ModelLoadingError,
+    ModelNotFoundError,
+    QueueFullError,
+)
 from localserve.models.catalog import ModelOptions
 from localserve.models.plan import LoadReport
 from localserve.models.registry import ModelRegistry, ModelSpec
 from localserve.models.registry import core as core_module
 from localserve.models.registry import keeping as keeping_module
+from localserve.serving.generation import event_error
 
 LABELS = {"emb": ("embeddings",), "asr": ("transcription",)}
 
@@ -37,14 +45,20 @@ class FakeEngine:
 
     in_flight: Counter[str] = field(default_factory=Counter)
     models: set[str] = field(default_factory=set)
+    ended: list[tuple[str, int, str]] = field(default_factory=list)
 
     def add_model(self, model_id: str, backend: Any, config: Any = None) -> None:
         assert model_id not in self.models
         self.models.add(model_id)
 
-    async def remove_model(self, model_id: str) -> None:
+    async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
         self.models.remove(model_id)
         await asyncio.sleep(0)
+
+    def end_requests(self, model_id: str, message: str) -> int:
+        num_ended, self.in_flight[model_id] = self.in_flight[model_id], 0
+        self.ended.append((model_id, num_ended, message))
+        return num_ended
 
     def has_model(self, model_id: str) -> bool:
         return model_id in self.models
@@ -69,6 +83,9 @@ class Idle:
 
     def capacity(self) -> Capacity:
         return Capacity(1, 512, 512, 512)
+
+    def close(self) -> None:
+        pass
 
 
 class ScriptedRegistry(ModelRegistry):
@@ -147,26 +164,77 @@ async def test_lru_eviction_order() -> None:
     await registry.close()
 
 
-async def test_busy_models_are_never_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_busy_model_drains_before_it_is_swapped_out() -> None:
+    """chat=1 and a is busy: a load for b drains a (no new requests for it,
+    the one held and the engine's work finish), then swaps; a request for a
+    that came meanwhile waits and loads it again. Nothing is ended."""
     registry = make("chat=1")
     held = await registry.acquire("a")  # a request holds a
     loading_b = asyncio.create_task(use(registry, "b"))
-    await asyncio.sleep(0.4)
-    assert not loading_b.done() and registry.unloads == []  # b waits for a room
+    await asyncio.sleep(0.1)
+    assert registry.records["a"].state == "draining" and "a" in registry.loaded  # still answers what it holds
+    late_a = asyncio.create_task(registry.acquire("a"))
+    await asyncio.sleep(0.3)
+    assert not loading_b.done() and not late_a.done() and registry.unloads == []
     registry.release(held)
-    registry.engine_fake.in_flight["a"] = 1  # ... and a's engine still has work (e.g. a batch job)
-    await asyncio.sleep(0.4)
+    registry.engine_fake.in_flight["a"] = 1  # ... and a's engine still has work
+    await asyncio.sleep(0.3)
     assert not loading_b.done() and registry.unloads == []
     registry.engine_fake.in_flight["a"] = 0
     await asyncio.wait_for(loading_b, 2)
-    assert registry.unloads == ["a"] and registry.loaded_ids() == {"b"}
+    registry.release(await asyncio.wait_for(late_a, 2))  # b is idle by then: it goes at once
+    assert registry.loads == ["a", "b", "a"] and registry.unloads == ["a", "b"] and registry.loaded_ids() == {"a"}
+    assert registry.engine_fake.ended == []
 
-    monkeypatch.setattr(keeping_module, "EVICT_WAIT_S", 0.3)
-    held = await registry.acquire("b")
-    with pytest.raises(QueueFullError, match="busy"):
-        await registry.acquire("c")
-    assert "c" not in registry.records and registry.loaded_ids() == {"b"}
-    registry.release(held)
+
+async def test_a_drain_past_its_bound_ends_the_answers_and_swaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers longer than DRAIN_WAIT_S end with the swap's 503 and the swap proceeds."""
+    monkeypatch.setattr(keeping_module, "DRAIN_WAIT_S", 0.3)
+    registry = make("chat=1")
+    held = await registry.acquire("a")
+    registry.engine_fake.in_flight["a"] = 2
+    started = time.monotonic()
+    await asyncio.wait_for(use(registry, "b"), 2)
+    assert 0.3 <= time.monotonic() - started < 1.5
+    assert registry.engine_fake.ended == [("a", 2, SWAPPED_OUT_MESSAGE)]
+    assert registry.unloads == ["a"] and registry.loaded_ids() == {"b"}
+    registry.release(held)  # the lease of a gone model: changes nothing
+    assert registry.loaded_ids() == {"b"} and "a" not in registry.records
+    error = event_error(TokenEvent("r", (), "", finish_reason=FinishReason.ERROR, error=SWAPPED_OUT_MESSAGE))
+    assert isinstance(error, EngineStoppedError) and error.status == 503
+
+
+async def test_a_load_waits_a_bounded_time_for_models_still_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keeping_module, "EVICT_WAIT_S", 0.2)
+    registry = make("chat=1", load_s=0.6)
+    loading_a = asyncio.create_task(use(registry, "a"))
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFullError, match="still loading"):
+        await registry.acquire("b")
+    await loading_a
+    assert "b" not in registry.records and registry.loaded_ids() == {"a"}
+
+
+async def test_start_up_loads_at_most_the_limit_of_each_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first models named of each kind load; the others are left to their
+    first request, said once each, and kept like start-up models once loaded."""
+    monkeypatch.setattr(core_module, "resolve", find_spec)
+    registry = make("chat=1,embeddings=1", models=["a", "b", "emb-1", "c", "emb-2"])
+    registry.start()
+    assert registry.startup is not None
+    await registry.startup
+    assert registry.loads == ["a", "emb-1"] and registry.loaded_ids() == {"a", "emb-1"}
+    later = "not loaded at start (--max-loaded-models {}); loads on first request"
+    assert registry.not_loaded == {
+        "b": later.format("chat=1"),
+        "c": later.format("chat=1"),
+        "emb-2": later.format("embeddings=1"),
+    }
+    assert registry.load_errors == {}
+    await use(registry, "b")
+    assert registry.unloads == ["a"] and registry.loaded_ids() == {"b", "emb-1"}
+    assert registry.records["b"].keep_alive_s == math.inf
+    await registry.close()
 
 
 async def test_keep_alive_zero_unloads_after_the_request() -> None:
@@ -289,7 +357,7 @@ async def test_start_up_loads_are_one_owner_with_requests_and_unloads(monkeypatc
     request during the load is a 503, one after it shares the loaded model,
     an unload forgets it, a failure is remembered by the name it was given."""
     monkeypatch.setattr(core_module, "resolve", lambda name: find_spec(name.removeprefix("path:")))
-    registry = make("chat=1", load_s=0.2, models=["a", "b", "path:broken"])
+    registry = make("chat=2", load_s=0.2, models=["a", "path:broken", "b"])
     registry.fail.add("broken")
     registry.start()
     await asyncio.sleep(0.05)
@@ -299,15 +367,16 @@ async def test_start_up_loads_are_one_owner_with_requests_and_unloads(monkeypatc
     assert registry.startup is not None
     await registry.startup
     assert not registry.starting and registry.load_errors == {"path:broken": "cannot load broken"}
-    assert registry.loaded_ids() == {"a", "b"}  # start-up models load whatever the limit
+    assert registry.loaded_ids() == {"a", "b"}  # a model that failed leaves its place to the next one
     assert {r["keep_alive"] for r in registry.describe()} == {"forever"}
     registry.check_ready("c")  # start-up is over: other models load on demand
     await use(registry, "a")
-    assert registry.loads == ["a", "b", "broken"]  # the request used the start-up load
+    assert registry.loads == ["a", "broken", "b"]  # the request used the start-up load
     await registry.unload("b")  # POST /api/v1/unload
     assert registry.loaded_ids() == {"a"} and [r["id"] for r in registry.describe()] == ["a"]
-    await use(registry, "c")  # chat=1: the idle start-up model makes room
-    assert registry.unloads == ["b", "a"] and registry.loaded_ids() == {"c"}
+    await use(registry, "c")
+    await use(registry, "d")  # chat=2: the idle start-up model makes room
+    assert registry.unloads == ["b", "a"] and registry.loaded_ids() == {"c", "d"}
     await registry.close()
     assert registry.records == {} and registry.engine_fake.models == set()
 

@@ -8,9 +8,12 @@
   (embeddings, speech) behind a new batcher; the backend opens in a thread
   (`open_model`, `open_oneshot`), so other models keep serving. Concurrent
   asks for one model share one load.
-* **Start-up.** `start()` loads `settings.models` in the background;
-  while it runs, a model that is not loaded yet answers 503 (`check_ready`).
-  A start-up model that fails is remembered in `load_errors` (/health).
+* **Start-up.** `start()` loads `settings.models` in the background, the
+  first ones named of each kind up to its `--max-loaded-models`; the others
+  are remembered in `not_loaded` (/health, one log line each) and load on
+  their first request. While it runs, a model that is not loaded yet
+  answers 503 (`check_ready`). A start-up model that fails is remembered in
+  `load_errors` (/health).
 * **Leases and keep_alive.** `acquire` returns a `Lease` once the model is
   loaded; `release(lease)` sets how long the model stays loaded once idle:
   the lease's keep_alive, else the model's default (`--keep-alive`; without
@@ -21,8 +24,10 @@
   `--max-loaded-models` models loaded on demand; to make room, the least
   recently used *idle* model of the kind is unloaded. A model is idle when
   no lease is held and neither its engine queue nor its batcher has work.
-  If every model of the kind is busy, the load waits for one to become idle
-  (up to EVICT_WAIT_S, then 503). Start-up models load whatever the limit.
+  If every model of the kind is busy, the least recently used one *drains*
+  (`keeping.Keeper`): it takes no new requests (they wait for the swap, then
+  load it again) and finishes its answers in flight, for up to DRAIN_WAIT_S;
+  what still runs then ends with a 503 that says why, and it unloads.
 * **Options.** `acquire(..., options=...)` (`POST /api/v1/load`) loads with
   options above every other level (models/options.py); a model loaded with
   other options must be unloaded first.
@@ -38,12 +43,13 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import Batcher, BatcherConfig
-from localserve.engine.engine import Engine, EngineConfig
+from localserve.engine.engine import SWAPPED_OUT_MESSAGE, Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
@@ -58,7 +64,7 @@ from localserve.models.policy import (
     parse_keep_alive,
     parse_max_loaded_models,
 )
-from localserve.models.registry.keeping import Keeper, check_kind, retrieve
+from localserve.models.registry.keeping import LEAVING, Keeper, check_kind, retrieve
 from localserve.models.registry.opening import open_generative, open_oneshot
 from localserve.models.registry.records import Lease, LoadedModel, LoadedOneShot, ModelRecord, RecordState
 from localserve.models.registry.specs import ModelSpec, find_spec, resolve
@@ -83,10 +89,12 @@ class ModelRegistry(RegistryViews):
         self.keep_alive_s = parse_keep_alive(settings.keep_alive, param="keep_alive setting")
         self.records: dict[str, ModelRecord] = {}  # every model loading, loaded or unloading
         self.load_errors: dict[str, str] = {}  # start-up model (as named in settings) -> why it did not load
+        self.not_loaded: dict[str, str] = {}  # start-up model left for its first request (the limit) -> why
         self._find = find
         self._known: dict[str, ModelSpec] = {}  # models loaded once: loaded again without a lookup
         self._names: dict[str, str] = {}  # a name clients used -> the id its model is served under
         self._startup_specs: dict[str, ModelSpec] = {}
+        self._startup_ids: set[str] = set()  # start-up models: kept loaded forever by default, even on demand
         self.startup: asyncio.Task[None] | None = None  # the start-up loads, while they run
         self.keeper = Keeper(self)
 
@@ -109,12 +117,19 @@ class ModelRegistry(RegistryViews):
         return self.startup is not None and not self.startup.done()
 
     async def _load_startup(self, stop_on_error: bool) -> None:
+        num_loaded: Counter[ModelKind] = Counter()
         for name in self.settings.models:
             try:
                 spec = self._startup_specs.get(name)
                 if spec is None:
                     spec = await asyncio.to_thread(resolve, name)
+                self._startup_ids.add(spec.model_id)
+                kind = kind_of(spec.labels)
+                if 0 < self.limits.get(kind, 0) <= num_loaded[kind]:
+                    self._leave_for_later(name, spec, kind)
+                    continue
                 await self.load(spec)
+                num_loaded[kind] += 1
             except LocalServeError as exc:
                 self.load_errors[name] = exc.message
             except Exception as exc:  # a bug or a native failure: one line here, the traceback at debug level
@@ -125,6 +140,16 @@ class ModelRegistry(RegistryViews):
             if stop_on_error:
                 return  # `serve` reports it and exits; the other models need not load
             log.error("could not load model %s: %s", name, self.load_errors[name])
+
+    def _leave_for_later(self, name: str, spec: ModelSpec, kind: ModelKind) -> None:
+        """A start-up model beyond its kind's limit: known by its id (even an
+        `ID=PATH` one), loaded by its first request."""
+        self._known[spec.model_id] = spec
+        if spec.model_id != name:
+            self._names[name] = spec.model_id
+        why = f"not loaded at start (--max-loaded-models {kind}={self.limits[kind]}); loads on first request"
+        self.not_loaded[name] = why
+        log.info("%s: %s", spec.model_id, why)
 
     async def close(self) -> None:
         """Server shutdown: abandon the loads still running, stop the reaper,
@@ -205,16 +230,16 @@ class ModelRegistry(RegistryViews):
                 if record is None:
                     record = self._start_load(spec, on_demand=True)
             check_kind(model_id, record.kind, kind)
-            if options is not None and record.spec.options != options and record.state != RecordState.UNLOADING:
+            if options is not None and record.spec.options != options and record.state not in LEAVING:
                 raise InvalidRequestError(
                     f"model {model_id!r} is loaded with other options ({record.spec.options.given() or 'its defaults'}); "
                     "unload it first (POST /api/v1/unload) to load it with these",
                     param="options",
                 )
-            if record.state != RecordState.UNLOADING:
+            if record.state not in LEAVING:
                 return record
             assert record.task is not None
-            await asyncio.shield(record.task)
+            await asyncio.shield(record.task)  # a model being swapped out: wait, then load it again
 
     def _spec(self, model_id: str) -> ModelSpec:
         spec = self._find(model_id)
@@ -233,7 +258,7 @@ class ModelRegistry(RegistryViews):
         `localserve run`, `batch run`); it stays loaded per `--keep-alive`,
         else forever. Callers that ask while it loads share that load."""
         record = self.records.get(spec.model_id)
-        while record is not None and record.state == RecordState.UNLOADING:
+        while record is not None and record.state in LEAVING:
             assert record.task is not None
             await asyncio.shield(record.task)
             record = self.records.get(spec.model_id)
@@ -252,7 +277,7 @@ class ModelRegistry(RegistryViews):
         return DEFAULT_ON_DEMAND_KEEP_ALIVE_S if on_demand else FOREVER
 
     def _start_load(self, spec: ModelSpec, *, on_demand: bool) -> ModelRecord:
-        default = self._default_keep_alive(on_demand=on_demand)
+        default = self._default_keep_alive(on_demand=on_demand and spec.model_id not in self._startup_ids)
         record = ModelRecord(spec, kind_of(spec.labels), default, keep_alive_s=default)
         self.records[spec.model_id] = record
         record.task = asyncio.create_task(self._load(record, on_demand), name=f"localserve-load-{spec.model_id}")
@@ -330,7 +355,7 @@ class ModelRegistry(RegistryViews):
             record = self.records.get(model_id)
         if record is None:
             raise ModelNotFoundError(f"model {model_id!r} is not loaded", param="model")
-        if record.state == RecordState.UNLOADING and record.task is not None:
+        if record.state in LEAVING and record.task is not None:
             await asyncio.shield(record.task)
             return
         await self.keeper.unload(record, "asked to")
@@ -341,13 +366,29 @@ class ModelRegistry(RegistryViews):
         for name in [name for name, target in self._names.items() if model_id in (name, target)]:
             del self._names[name]
 
+    def end_requests(self, record: ModelRecord) -> int:
+        """End the answers still running on a model being swapped out (its
+        drain ran out of time); one-shot work ends when its batcher closes."""
+        if isinstance(record.model, LoadedModel) and self.engine.has_model(record.model_id):
+            return self.engine.end_requests(record.model_id, SWAPPED_OUT_MESSAGE)
+        return 0
+
     async def uninstall(self, record: ModelRecord) -> None:
-        """Take a loaded model out of the engine or stop its batcher (the keeper's unload)."""
+        """Take a loaded model out of the engine or stop its batcher (the
+        keeper's unload, after a swap's drain), then close its backend."""
         model, record.model = record.model, None
         if isinstance(model, LoadedOneShot):
             await _close_oneshot(model)
         elif model is not None:
-            await self.engine.remove_model(record.model_id)
+            await self.engine.remove_model(record.model_id, close_backend=False)
+            await self.close_backend(model)
+
+    async def close_backend(self, model: LoadedModel) -> None:
+        """Close a generative model's backend once it is out of the engine:
+        its step thread has stopped and no request runs on it. The hook for
+        what should outlive the model (e.g. its hot prefixes written to the
+        disk prefix cache) before its memory goes."""
+        await asyncio.to_thread(model.backend.close)
 
 
 async def _close_oneshot(model: LoadedOneShot) -> None:

@@ -1,6 +1,6 @@
 """How long the registry's models stay loaded: room per kind by LRU
-eviction of idle models, unloads, and the reaper that ends idle models'
-keep_alive (see `core` for the rules)."""
+eviction (an idle model goes at once, a busy one drains first), unloads,
+and the reaper that ends idle models' keep_alive (see `core` for the rules)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,18 @@ from localserve.models.registry.records import ModelRecord, RecordState
 
 log = logging.getLogger(__name__)
 
-EVICT_WAIT_S = 60.0  # how long a load waits for a busy model of its kind to become idle
+EVICT_WAIT_S = 60.0  # how long a load waits for a model of its kind that is still loading
+DRAIN_WAIT_S = 60.0  # how long a model being swapped out may finish its answers in flight
+DRAIN_POLL_S = 0.05
 REAP_INTERVAL_S = 1.0
+LEAVING = (RecordState.DRAINING, RecordState.UNLOADING)
 
 
 class KeptModels(Protocol):
     """What a `Keeper` needs of its registry (`ModelRegistry` is one): the
     records, which it edits (an unloaded model's record goes), the limit per
-    kind, whether a model is busy, and how to close one."""
+    kind, whether a model is busy, how to end its answers in flight and how
+    to close one."""
 
     @property
     def records(self) -> dict[str, ModelRecord]: ...
@@ -34,6 +38,8 @@ class KeptModels(Protocol):
     def limits(self) -> Mapping[ModelKind, int]: ...
 
     def busy(self, record: ModelRecord) -> bool: ...
+
+    def end_requests(self, record: ModelRecord) -> int: ...
 
     async def uninstall(self, record: ModelRecord) -> None: ...
 
@@ -52,8 +58,10 @@ class Keeper:
         self._changed.set()
 
     async def make_room(self, record: ModelRecord) -> None:
-        """Reserve a place for `record` among the loaded models of its kind,
-        unloading the least recently used idle ones as needed."""
+        """Reserve a place for `record` among the loaded models of its kind:
+        unload the least recently used idle one, or else drain the least
+        recently used busy one (it finishes its answers in flight, up to
+        DRAIN_WAIT_S, and takes no new ones) and unload it."""
         limit = self.registry.limits.get(record.kind, 0)
         lock = self._kind_locks.setdefault(record.kind, asyncio.Lock())
         async with lock:
@@ -62,44 +70,71 @@ class Keeper:
                 others = [
                     r
                     for r in self.registry.records.values()
-                    if r.kind == record.kind
-                    and r is not record
-                    and r.state in (RecordState.LOADING, RecordState.LOADED, RecordState.UNLOADING)
+                    if r.kind == record.kind and r is not record and r.state != RecordState.PENDING
                 ]
                 if len(others) < limit:
                     break
-                unloading = next((r for r in others if r.state == RecordState.UNLOADING), None)
-                idle = [r for r in others if r.state == RecordState.LOADED and not self.registry.busy(r)]
-                if unloading is not None:
-                    assert unloading.task is not None
-                    await asyncio.shield(unloading.task)
-                elif idle:
-                    victim = min(idle, key=lambda r: r.last_used)
-                    await self.unload(victim, f"least recently used of {len(others)} {record.kind} models")
+                leaving = next((r for r in others if r.state in LEAVING), None)
+                loaded = [r for r in others if r.state == RecordState.LOADED]
+                if leaving is not None:
+                    assert leaving.task is not None
+                    await asyncio.shield(leaving.task)
+                elif loaded:
+                    idle = [r for r in loaded if not self.registry.busy(r)]
+                    victim = min(idle or loaded, key=lambda r: r.last_used)
+                    reason = f"least recently used of {len(others)} {record.kind} models, for {record.model_id}"
+                    await self.unload(victim, reason, drain=not idle)
                 elif time.monotonic() >= deadline:
                     raise QueueFullError(
-                        f"cannot load {record.model_id!r}: all {limit} loaded {record.kind} models are busy "
+                        f"cannot load {record.model_id!r}: all {limit} {record.kind} models are still loading "
                         "(--max-loaded-models); retry shortly",
                         retry_after_s=5,
                     )
                 else:
-                    await self._wait_for_change(0.25)  # in-flight counts change without a signal
+                    await self._wait_for_change(0.25)
             record.state = RecordState.LOADING
 
-    async def unload(self, record: ModelRecord, reason: str) -> None:
-        record.state = RecordState.UNLOADING
-        record.task = asyncio.create_task(self._unload(record, reason), name=f"localserve-unload-{record.model_id}")
+    async def unload(self, record: ModelRecord, reason: str, *, drain: bool = False) -> None:
+        """Unload `record` now, or with `drain` once its answers in flight are done."""
+        record.state = RecordState.DRAINING if drain else RecordState.UNLOADING
+        record.task = asyncio.create_task(
+            self._unload(record, reason, drain), name=f"localserve-unload-{record.model_id}"
+        )
         record.task.add_done_callback(retrieve)
         await asyncio.shield(record.task)
 
-    async def _unload(self, record: ModelRecord, reason: str) -> None:
+    async def _unload(self, record: ModelRecord, reason: str, drain: bool) -> None:
         try:
-            await self.registry.uninstall(record)
+            if drain:
+                await self._drain(record, reason)
+            record.state = RecordState.UNLOADING
+            await self.registry.uninstall(record)  # closes the backend: the hook for what outlives the model
             log.info("unloaded %s (%s)", record.model_id, reason)
         finally:
             if self.registry.records.get(record.model_id) is record:
                 del self.registry.records[record.model_id]
             self.changed()
+
+    async def _drain(self, record: ModelRecord, reason: str) -> None:
+        """Wait, up to DRAIN_WAIT_S, until no request holds `record` or runs on
+        it (new requests for it wait for the unload, then load it again);
+        then end what still runs, with an error that says why."""
+        bound_s = DRAIN_WAIT_S
+        log.info(
+            "%s: finishing its answers in flight before it unloads (%s; up to %g s)", record.model_id, reason, bound_s
+        )
+        deadline = time.monotonic() + bound_s
+        while self.registry.busy(record) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)  # streams end without a signal to the registry
+        if self.registry.busy(record):
+            num_ended = self.registry.end_requests(record)
+            log.warning(
+                "%s: ended %d answers still running after %g s, to unload it (%s)",
+                record.model_id,
+                num_ended,
+                bound_s,
+                reason,
+            )
 
     # ---- the reaper ------------------------------------------------------------------
 

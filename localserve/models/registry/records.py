@@ -23,6 +23,7 @@ class RecordState(StrEnum):
     PENDING = "pending"  # waiting for room among the loaded models of its kind
     LOADING = "loading"  # opening its backend
     LOADED = "loaded"  # serving
+    DRAINING = "draining"  # being swapped out: finishing the answers in flight, taking no new ones
     UNLOADING = "unloading"  # closing
 
 

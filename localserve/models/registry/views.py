@@ -13,6 +13,9 @@ from localserve.models.kinds import ROUTES, ModelKind
 from localserve.models.policy import FOREVER, format_keep_alive
 from localserve.models.registry.records import LoadedModel, LoadedOneShot, ModelRecord, RecordState
 
+#: The states in which a model answers the requests that hold it.
+SERVING = (RecordState.LOADED, RecordState.DRAINING)
+
 
 class RegistryViews:
     """Read-only views of `ModelRegistry.records` (a base class of the registry)."""
@@ -31,9 +34,7 @@ class RegistryViews:
         return {i: m for i, m in self._serving().items() if isinstance(m, LoadedOneShot)}
 
     def _serving(self) -> dict[str, LoadedModel | LoadedOneShot]:
-        return {
-            i: r.model for i, r in list(self.records.items()) if r.state == RecordState.LOADED and r.model is not None
-        }
+        return {i: r.model for i, r in list(self.records.items()) if r.state in SERVING and r.model is not None}
 
     @property
     def loading(self) -> list[str]:
@@ -41,14 +42,14 @@ class RegistryViews:
         return sorted(i for i, r in list(self.records.items()) if r.state in (RecordState.PENDING, RecordState.LOADING))
 
     def is_loaded(self, model_id: str) -> bool:
-        """`model_id` serves (loaded, not unloading)."""
+        """`model_id` serves (loaded, or draining its answers in flight)."""
         record = self.records.get(model_id)
-        return record is not None and record.state == RecordState.LOADED
+        return record is not None and record.state in SERVING
 
     def get(self, model_id: str) -> LoadedModel:
         """A loaded generative model; 400 for another kind, 503 while it loads, else 404."""
         record = self.records.get(model_id)
-        model = record.model if record is not None and record.state == RecordState.LOADED else None
+        model = record.model if record is not None and record.state in SERVING else None
         if isinstance(model, LoadedModel):
             return model
         if isinstance(model, LoadedOneShot):
@@ -64,7 +65,7 @@ class RegistryViews:
     def get_oneshot(self, model_id: str, kind: ModelKind) -> LoadedOneShot:
         """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
         record = self.records.get(model_id)
-        model = record.model if record is not None and record.state == RecordState.LOADED else None
+        model = record.model if record is not None and record.state in SERVING else None
         if isinstance(model, LoadedOneShot) and model.kind == kind:
             return model
         if model is not None:
@@ -105,10 +106,10 @@ class RegistryViews:
                     "id": record.model_id,
                     "kind": record.kind,
                     "state": record.state,
-                    "in_use": not idle and record.state == RecordState.LOADED,
+                    "in_use": not idle and record.state in SERVING,
                     "keep_alive": format_keep_alive(record.keep_alive_s),
                     "expires_in_s": None if expires_in is None or expires_in == FOREVER else max(0.0, expires_in),
-                    "options": self.load_report(record.model_id) if record.state == RecordState.LOADED else {},
+                    "options": self.load_report(record.model_id) if record.state in SERVING else {},
                 }
             )
         return out
