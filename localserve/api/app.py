@@ -4,8 +4,10 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
 
 * `GET  models`, `GET models/{id}`, `POST chat/completions`, `POST completions`
 * `GET  /health` - 503 `{"status": "loading"}` until the start-up models are
-  loaded, then 200 `{"status": "ok"}`; 503 `{"status": "error"}` if one failed
-  (`localserve serve` exits instead: see `server.py`)
+  loaded, then 200 `{"status": "ok"}` (with `"not_loaded": {name: why}` for
+  start-up models beyond `--max-loaded-models`, which load on first request);
+  503 `{"status": "error"}` if one failed (`localserve serve` exits instead:
+  see `server.py`)
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
   answer's `id`, also sent as the `X-Request-Id` header)
 * `GET  /openapi.json` - the OpenAPI 3.1 document of every route (`api.admin.openapi`;

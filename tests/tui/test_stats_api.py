@@ -30,6 +30,7 @@ SNAPSHOT_KEYS = {
     "models",
     "loading",
     "load_errors",
+    "not_loaded",
     "requests",
     "one_shot",
     "batches",

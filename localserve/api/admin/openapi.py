@@ -77,6 +77,7 @@ class OllamaError(_Doc):
 
 class Health(_Doc):
     status: Literal["ok", "loading", "error"]
+    not_loaded: dict[str, str] | None = None  # start-up models beyond --max-loaded-models -> why
 
 
 class ModelObject(_Doc):

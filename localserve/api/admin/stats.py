@@ -22,6 +22,7 @@ A snapshot::
                  "options": {"ctx_per_slot", "parallel", "kv_tokens", "kv_mib", "weights_mib", "n_gpu_layers",
                              "n_layers", "device", "sources": {option: where from}, "fit": [notes]}}],
      "loading": [model ids], "load_errors": {name: reason},
+     "not_loaded": {name: why} (start-up models beyond --max-loaded-models: loaded on first request),
      "requests": [{"id", "model", "priority", "priority_class", "state", "prompt_tokens",
                    "generated_tokens", "max_tokens", "age_s", "queue_wait_s", "ttft_s", "tokens_per_s"}],
      "one_shot": {model id or hook name: {"kind", ...the batcher's stats(), "keep_alive", "expires_in_s"}},
@@ -184,6 +185,7 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
         "models": models,
         "loading": registry.loading,
         "load_errors": dict(registry.load_errors),
+        "not_loaded": dict(registry.not_loaded),
         "requests": requests,
         "one_shot": {
             name: {**entry, **keep_alive.get(name, {})} for name, entry in _one_shot_stats(state, registry).items()
