@@ -156,6 +156,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_SPECULATIVE": "draft",
         "LOCALSERVE_DRAFT_MODEL": "/m/draft.gguf",
         "LOCALSERVE_DRAFT_MAX": "4",
+        "LOCALSERVE_PREFIX_CACHE_DISK": "2G",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -188,6 +189,7 @@ def test_every_option_reads_its_env_var() -> None:
         speculative="draft",
         draft_model="/m/draft.gguf",
         draft_max=4,
+        prefix_cache_disk=2 << 30,
     )
 
 

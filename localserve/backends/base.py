@@ -102,6 +102,13 @@ class GenerativeBackend(ABC):
     def metadata(self) -> dict[str, Any]:
         return {}
 
+    def kv_state_identity(self) -> str | None:
+        """What a saved KV state of this model depends on (model file, KV
+        types and layout, library build), if the backend can save and restore
+        a slot's state (KvOp "save" / "restore"); None: it cannot, and the
+        prefix cache has no disk tier for it."""
+        return None
+
     def validate(self, params: SamplingParams) -> None:
         """Raise InvalidRequestError for what this backend could not sample
         with (e.g. a grammar that does not compile), so that a request is

@@ -70,6 +70,22 @@ def _latency_target(text: str) -> float:
 
 
 SPECULATIVE_MODES = ("off", "ngram", "draft")
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1234, 512M, 4G (powers of 1024), 0, or auto (-1)."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if value == "AUTO":
+        return -1
+    unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is a number of bytes, 512M, 4G, 0 or auto; got {text!r}") from None
+    if not 0 <= number < math.inf:
+        raise argparse.ArgumentTypeError(f"a size is 0 or more; got {text!r}")
+    return int(number * _SIZE_UNITS[unit])
 
 
 def _choice(choices: Sequence[str]) -> Callable[[str], str]:
@@ -255,6 +271,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option("--draft-max", "draft_max", int_at_least(1), "drafted tokens one sequence may verify in a step", "N"),
+    Option(
+        "--prefix-cache-disk",
+        "prefix_cache_disk",
+        byte_size,
+        "KV state of prompt prefixes kept on disk (under the data directory) across slot reuse, unloads and "
+        "restarts, restored instead of recomputed: a size (4G, 512M), 0 = off, auto = a tenth of the free disk, "
+        "at most 4G",
+        "SIZE",
+    ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",

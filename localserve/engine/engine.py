@@ -12,9 +12,11 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from localserve.backends.base import GenerativeBackend, Tokenizer
+from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.stats import Histogram, ModelStats
 from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
@@ -38,6 +40,8 @@ DRAIN_POLL_S = 0.05
 class EngineConfig:
     max_queue: int = 256  # waiting requests per model before 503
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    prefix_disk: Path | None = None  # the prefix cache's disk tier (engine/prefix_disk.py); None: off
+    prefix_disk_bytes: int = 0  # its size bound, for every model and process on that folder
 
 
 class RequestStream:
@@ -83,6 +87,10 @@ class _Model:
         self.config = config
         self.stats = ModelStats()
         self.streams: dict[str, RequestStream] = {}
+        identity = backend.kv_state_identity() if config.prefix_disk is not None else None
+        disk = None
+        if identity is not None and config.prefix_disk is not None and config.prefix_disk_bytes > 0:
+            disk = DiskPrefixStore(config.prefix_disk, identity, config.prefix_disk_bytes)
         self.worker = StepWorker(
             model_id,
             backend,
@@ -90,6 +98,7 @@ class _Model:
             asyncio.get_running_loop(),
             scheduler_config=config.scheduler,
             stats=self.stats,
+            disk=disk,
         )
         self.capacity = backend.capacity()
 

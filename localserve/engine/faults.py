@@ -61,6 +61,9 @@ class WrappedBackend(GenerativeBackend):
     def validate(self, params: SamplingParams) -> None:
         self.inner.validate(params)
 
+    def kv_state_identity(self) -> str | None:
+        return self.inner.kv_state_identity()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from localserve.engine.sequence import Sequence, Slot, common_prefix_len
 from localserve.engine.types import KvOp
 
@@ -67,9 +68,12 @@ class SlotTable:
     """The KV slots and the prefix cache. Which slot a new sequence takes, how
     much of its prompt it reuses, which cached prefix goes when room is short."""
 
-    def __init__(self, num_slots: int, *, enable_prefix_cache: bool = True) -> None:
+    def __init__(
+        self, num_slots: int, *, enable_prefix_cache: bool = True, disk: DiskPrefixStore | None = None
+    ) -> None:
         self.slots = [Slot(i) for i in range(num_slots)]
         self.enable_prefix_cache = enable_prefix_cache
+        self.disk = disk if enable_prefix_cache else None
 
     def __getitem__(self, slot_id: int) -> Slot:
         return self.slots[slot_id]
@@ -108,6 +112,7 @@ class SlotTable:
                 n = min(common_prefix_len(other_slot.token_ids, seq.token_ids), limit)
                 if n > num_copy:
                     best_src, num_copy = other_slot, n
+        self.save(slot, num_copy if best_src is None else 0, plan)
         plan.kv_used -= len(slot.token_ids)
         if best_src is not None:
             plan.kv_ops.append(KvOp("copy", slot.slot_id, num_copy, src=best_src.slot_id))
@@ -117,6 +122,34 @@ class SlotTable:
             del slot.token_ids[num_own:]
         plan.kv_used += len(slot.token_ids)
         return len(slot.token_ids)
+
+    def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes, plan: StepPlan) -> None:
+        """Load a saved prefix (`token_ids`, whole blocks) from the disk tier into `slot`."""
+        self.save(slot, 0, plan)
+        plan.kv_used += len(token_ids) - len(slot.token_ids)
+        plan.kv_ops.append(KvOp("restore", slot.slot_id, len(token_ids), key=key, payload=payload))
+        slot.token_ids = list(token_ids)
+
+    def save(self, slot: Slot, num_kept: int, plan: StepPlan) -> None:
+        """Before `slot` keeps only its first `num_kept` tokens: if whole blocks
+        beyond those would be lost and the disk tier lacks them, save them (the
+        slot keeps the saved blocks; the edit that follows trims the rest)."""
+        if self.disk is None:
+            return
+        num_blocks = len(slot.token_ids) // BLOCK * BLOCK
+        if num_blocks <= num_kept or num_blocks < BLOCK:
+            return
+        key = chain_hashes(self.disk.identity, slot.token_ids[:num_blocks])[-1]
+        if self.disk.has(key):
+            return
+        plan.kv_ops.append(KvOp("save", slot.slot_id, num_blocks, key=key))
+        plan.kv_used -= len(slot.token_ids) - num_blocks
+        del slot.token_ids[num_blocks:]
+
+    def save_all(self, plan: StepPlan) -> None:
+        """Save every slot's whole blocks the disk tier lacks (at unload and shutdown)."""
+        for slot in self.slots:
+            self.save(slot, 0, plan)
 
     def evict_cached(self, plan: StepPlan, keep: Slot | None = None) -> bool:
         """Drop the least recently used cached prefix (of a free slot other than
@@ -128,7 +161,8 @@ class SlotTable:
         return True
 
     def clear(self, slot: Slot, plan: StepPlan) -> None:
-        """Forget everything `slot` holds."""
+        """Forget everything `slot` holds (its whole blocks go to the disk tier first)."""
+        self.save(slot, 0, plan)
         plan.kv_used -= len(slot.token_ids)
         slot.token_ids.clear()
         plan.kv_ops.append(KvOp("keep", slot.slot_id, 0))

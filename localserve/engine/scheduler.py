@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from localserve.engine.batch_policy import BatchPolicy, StepGate
 from localserve.engine.kv_slots import SlotTable, StepPlan
 from localserve.engine.output import OutputText
+from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore
 from localserve.engine.sequence import SeqStatus, Sequence, Slot
 from localserve.engine.speculation import SpecState, draft_lengths
 from localserve.engine.types import (
@@ -116,6 +117,7 @@ class Scheduler:
         token_bytes: Callable[[int], bytes],
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        disk: DiskPrefixStore | None = None,
     ) -> None:
         if capacity.kv_tokens < capacity.n_ctx:
             raise ValueError("kv_tokens must hold at least one full context (n_ctx)")
@@ -125,7 +127,9 @@ class Scheduler:
         self._eog = frozenset(eog_token_ids)
         self._token_bytes = token_bytes
         self._clock = clock
-        self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache)
+        self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
+        self.disk = self._slots.disk
+        self._restore_s_per_token: float | None = None  # measured; None: restoring is taken to pay
         self._waiting: list[Sequence] = []
         self._running: list[Sequence] = []
         self._by_request: dict[str, Sequence] = {}
@@ -281,9 +285,13 @@ class Scheduler:
         self._now = self._clock()
         events: list[TokenEvent] = []
         self._count_step(batch)
+        self._note_restores(batch, result)
         for chunk in batch.chunks:
             seq = self._by_request_seq(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue
+            if chunk.slot in result.restore_failed:  # the slot is empty and the chunk was not computed
+                seq.num_computed_tokens = 0
                 continue
             accepted = result.accepted.get(chunk.seq_id, ())
             num_draft = chunk.num_draft + result.drafted.get(chunk.seq_id, 0)
@@ -305,6 +313,24 @@ class Scheduler:
             elif chunk.sample:
                 events.append(self._append_tokens(seq, (result.sampled[chunk.seq_id], *accepted)))
         return events
+
+    def _note_restores(self, batch: StepBatch, result: StepResult) -> None:
+        """Learn what a restored token costs; a restore the backend refused
+        leaves its slot empty, and its file is not tried again."""
+        restores = [op for op in batch.kv_ops if op.kind == "restore"]
+        if not restores or self.disk is None:
+            return
+        for op in restores:
+            if op.slot in result.restore_failed:
+                self._slots[op.slot].token_ids.clear()
+                self.disk.discard(op.key)
+        num_tokens = sum(op.num_tokens for op in restores if op.slot not in result.restore_failed)
+        if num_tokens:
+            self.disk.stats.restore_s += result.restore_s
+            self.disk.stats.num_restored_tokens += num_tokens
+            per_token = result.restore_s / num_tokens
+            mean = self._restore_s_per_token
+            self._restore_s_per_token = per_token if mean is None else mean + 0.3 * (per_token - mean)
 
     def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
         """The step raised: end its sequences with an error, forget the KV of
@@ -407,6 +433,7 @@ class Scheduler:
             slot = self._slots.pick(seq)
             assert slot is not None
         num_reused = self._slots.reuse_prefix(seq, slot, self._running, plan)
+        num_reused = self._restore(seq, slot, num_reused, plan)
         num_new = min(seq.num_tokens - num_reused, plan.budget)
         if not self._is_batch(seq) and seq.num_preemptions == 0:
             self.policy.note_prompt(min(seq.num_tokens - num_reused, self.capacity.max_num_batched_tokens))
@@ -428,6 +455,42 @@ class Scheduler:
         slot.owner = seq
         plan.add(seq, num_new)
         return True
+
+    def _restore(self, seq: Sequence, slot: Slot, num_reused: int, plan: StepPlan) -> int:
+        """Restore the longest saved prefix of `seq` from the disk tier into
+        `slot` when it holds a block more than the slots gave and restoring
+        is predicted faster than computing it. Returns the tokens reused."""
+        disk = self.disk
+        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
+            return num_reused
+        found = disk.longest(seq.token_ids, seq.num_tokens - 1)
+        if found is None or found[0] < num_reused + BLOCK:
+            disk.stats.num_misses += found is None
+            return num_reused
+        num_tokens, key = found
+        if not self._restore_pays(num_tokens - num_reused):
+            return num_reused
+        payload = disk.load(key)
+        if payload is None:  # truncated or corrupt: deleted, a miss
+            disk.stats.num_misses += 1
+            return num_reused
+        self._slots.restore(slot, seq.token_ids[:num_tokens], key, payload, plan)
+        disk.stats.num_hits += 1
+        return num_tokens
+
+    def _restore_pays(self, num_tokens: int) -> bool:
+        """Restoring `num_tokens` beats computing them, as measured so far."""
+        if self._restore_s_per_token is None:
+            return True
+        per_token = self.policy.model.coefficients[1]
+        return self._restore_s_per_token * num_tokens < per_token * num_tokens or per_token <= 0.0
+
+    def save_ops(self) -> StepBatch:
+        """A step of only `save` edits: every slot's whole blocks the disk tier
+        lacks (the worker runs it at unload and shutdown)."""
+        plan = StepPlan(0, self.kv_used())
+        self._slots.save_all(plan)
+        return StepBatch(step_id=next(self._step_ids), kv_ops=tuple(plan.kv_ops), chunks=())
 
     def _make_kv_room(self, num_new: int, plan: StepPlan, protect: Sequence | None, keep: Slot | None = None) -> bool:
         """Evict cached prefixes of free slots, then preempt running sequences

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from localserve.engine.prefix_disk import DiskTierStats
 from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
 
 PRIORITY_CLASSES: tuple[str, ...] = tuple(PRIORITY_ALIASES)
@@ -265,6 +266,7 @@ class SchedulerSnapshot:
     num_preemptions: int = 0
     num_draft_tokens: int = 0  # speculative decoding: drafts verified
     num_accepted_tokens: int = 0  # ... and accepted
+    disk: DiskTierStats | None = None  # the prefix cache's disk tier (a copy), if the model has one
 
     def to_json(self) -> dict[str, Any]:
         """The scheduler's part of a model's stats (requests apart)."""
@@ -278,7 +280,24 @@ class SchedulerSnapshot:
             "spec_draft_tokens": self.num_draft_tokens,
             "spec_accepted_tokens": self.num_accepted_tokens,
             "spec_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            **_disk_json(self.disk),
         }
+
+
+def _disk_json(disk: DiskTierStats | None) -> dict[str, Any]:
+    if disk is None:
+        return {"prefix_disk": False}
+    return {
+        "prefix_disk": True,
+        "prefix_disk_hits": disk.num_hits,
+        "prefix_disk_misses": disk.num_misses,
+        "prefix_disk_saves": disk.num_saves,
+        "prefix_disk_bytes_written": disk.bytes_written,
+        "prefix_disk_bytes_read": disk.bytes_read,
+        "prefix_disk_restored_tokens": disk.num_restored_tokens,
+        "prefix_disk_restore_s": round(disk.restore_s, 4),
+        "prefix_disk_dropped": disk.num_dropped,
+    }
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -171,17 +171,23 @@ class SeqChunk:
 
 @dataclass(frozen=True, slots=True)
 class KvOp:
-    """A KV-cache edit applied before the step's forward pass.
+    """A KV-cache edit applied before the step's forward pass, in order.
 
     `keep`: drop every cell of `slot` from position `num_tokens` on.
     `copy`: make `dst` share the first `num_tokens` cells of `src` (after
     clearing `dst`).
+    `save`: keep the first `num_tokens` cells of `slot` (drop the rest) and
+    copy their state out, for the disk tier under `key` (StepResult.saved).
+    `restore`: clear `slot` and load `payload` (a saved state of `num_tokens`
+    cells) into it.
     """
 
-    kind: str  # "keep" | "copy"
+    kind: str  # "keep" | "copy" | "save" | "restore"
     slot: int
     num_tokens: int
     src: int = -1
+    key: str = ""  # save, restore: the disk tier's key
+    payload: bytes = field(default=b"", repr=False)  # restore: the saved state
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,3 +224,8 @@ class StepResult:
     failed: dict[int, str] = field(default_factory=dict)
     accepted: dict[int, tuple[SampledToken, ...]] = field(default_factory=dict)
     drafted: dict[int, int] = field(default_factory=dict)  # drafts the backend's draft model proposed, by seq_id
+    saved: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # save ops: key -> (tokens, state)
+    restore_s: float = 0.0  # seconds the step's restore ops took
+    restore_failed: tuple[
+        int, ...
+    ] = ()  # slots whose restore the backend refused: left empty, their chunks not computed

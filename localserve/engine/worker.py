@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -14,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localserve.backends.base import GenerativeBackend
+from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.queue_count import QueueCount
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
 from localserve.engine.stats import ModelStats, SchedulerSnapshot, SeqSnapshot
-from localserve.engine.types import FinishReason, GenerateRequest, TokenEvent, priority_class
+from localserve.engine.types import FinishReason, GenerateRequest, StepResult, TokenEvent, priority_class
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +59,17 @@ class StepWorker:
         *,
         scheduler_config: SchedulerConfig | None = None,
         stats: ModelStats | None = None,
+        disk: DiskPrefixStore | None = None,
     ) -> None:
         tokenizer = backend.tokenizer()
         self.backend = backend
+        self.disk = disk
         self.scheduler = Scheduler(
             backend.capacity(),
             eog_token_ids=tokenizer.eog_token_ids,
             token_bytes=tokenizer.token_bytes,
             config=scheduler_config,
+            disk=disk,
         )
         self.stats = stats or ModelStats()
         self.snapshot = SchedulerSnapshot()
@@ -114,11 +119,31 @@ class StepWorker:
                 # Before blocking on an empty inbox, publish the idle state, or
                 # readers would see finished requests as running.
                 self._publish_snapshot(force=not self.scheduler.has_work())
+            self._save_to_disk()
         except BaseException as exc:  # never leave callers hanging; the thread ends (`alive`)
             log.exception("step loop of %s crashed", self._thread.name)
             self._fail_everything(f"the step loop crashed: {exc}")
         finally:
             self._publish_snapshot(force=True)
+
+    def _save_to_disk(self) -> None:
+        """At unload and shutdown: every slot's whole blocks go to the disk tier
+        (the writes finish before the backend closes, within a bound)."""
+        if self.disk is None:
+            return
+        try:
+            batch = self.scheduler.save_ops()
+            if batch.kv_ops:
+                self._hand_over(self.backend.execute(batch))
+        except Exception:  # the cache may forget; the unload goes on
+            log.exception("could not save the prefix cache of %s to disk", self._thread.name)
+        self.disk.close()
+
+    def _hand_over(self, result: StepResult) -> None:
+        """Saved KV states go to the disk tier's writer thread."""
+        if self.disk is not None:
+            for key, (num_tokens, payload) in result.saved.items():
+                self.disk.put(key, num_tokens, payload)
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Apply queued messages. False when asked to stop."""
@@ -171,6 +196,7 @@ class StepWorker:
         num_prefill, num_decode = counters.num_prefill_tokens, counters.num_decode_tokens
         try:
             result = self.backend.execute(batch)
+            self._hand_over(result)
         except Exception as exc:
             log.exception("step %d failed", batch.step_id)
             events = self.scheduler.fail(batch, f"the backend failed in this step: {exc}")
@@ -257,6 +283,7 @@ class StepWorker:
             num_preemptions=counters.num_preemptions,
             num_draft_tokens=counters.num_draft_tokens,
             num_accepted_tokens=counters.num_accepted_tokens,
+            disk=dataclasses.replace(self.disk.stats) if self.disk is not None else None,
         )
         self.batch_policy = self.scheduler.policy.snapshot()
 

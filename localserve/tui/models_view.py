@@ -77,6 +77,7 @@ class ModelView:
     prefix_cache_hit_rate: float = 0.0
     spec_draft_tokens: int = 0  # speculative decoding: drafts verified
     spec_accepted_tokens: int = 0  # ... and accepted
+    prefix_disk_hits: int | None = None  # restores from the disk tier; None: no disk tier
     mean_batch_size: float = 0.0
     busy_fraction: float = 0.0
     prefill_tokens_per_s: float = 0.0
@@ -143,6 +144,7 @@ def parse_model(data: Mapping[str, Any]) -> ModelView:
         n_ctx=int_(data, "n_ctx"),
         spec_draft_tokens=int_(data, "spec_draft_tokens"),
         spec_accepted_tokens=int_(data, "spec_accepted_tokens"),
+        prefix_disk_hits=int_(data, "prefix_disk_hits") if data.get("prefix_disk") else None,
         classes={str(k): _class(v) for k, v in map_(data, "classes").items() if isinstance(v, Mapping)},
         keep_alive=_keep_alive(data),
         weights_mib=num(options, "weights_mib"),

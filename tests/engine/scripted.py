@@ -14,10 +14,12 @@ worker tells it the measured time of a real step.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
 from localserve.engine.types import (
@@ -113,6 +115,7 @@ class ScriptedBackend:
 
     def execute(self, batch: StepBatch) -> StepResult:
         self._check_batch(batch)
+        self.saved: dict[str, tuple[int, bytes]] = {}
         for op in batch.kv_ops:
             self._apply(op)
         sampled, accepted, drafted = {}, {}, {}
@@ -140,7 +143,7 @@ class ScriptedBackend:
                     self.num_accepted += len(more)
         assert self.kv_used() <= self.capacity.kv_tokens, f"KV overflow: {self.kv_used()} cells"
         self.released_seq_ids.update(batch.released_seq_ids)
-        return StepResult(sampled, accepted=accepted, drafted=drafted)
+        return StepResult(sampled, accepted=accepted, drafted=drafted, saved=self.saved)
 
     def _draft(self, chunk: SeqChunk) -> list[int]:
         """The draft model's greedy proposal after the chunk's tokens."""
@@ -170,6 +173,15 @@ class ScriptedBackend:
             source = self.slots[op.src]
             assert op.src != op.slot and op.num_tokens <= len(source), f"bad copy {op}"
             self.slots[op.slot] = source[: op.num_tokens]
+        elif op.kind == "save":  # the "state" of a slot is its tokens, as int32s
+            assert op.key and op.num_tokens <= len(slot), f"bad save {op}"
+            del slot[op.num_tokens :]
+            self.saved[op.key] = (op.num_tokens, array.array("i", slot).tobytes())
+        elif op.kind == "restore":
+            restored = array.array("i")
+            restored.frombytes(op.payload)
+            assert len(restored) == op.num_tokens, f"bad restore {op}"
+            self.slots[op.slot] = list(restored)
         else:
             raise AssertionError(f"unknown KV op {op.kind!r}")
 
@@ -219,13 +231,15 @@ class Driver:
         step_s: float = 1.0,
         step_cost: StepCost | None = None,
         draft_token: NextToken | None = None,
+        disk: DiskPrefixStore | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.step_s = step_s
         self.step_cost = step_cost
         self.backend = ScriptedBackend(capacity, next_token, draft_token)
+        self.disk = disk
         self.scheduler = Scheduler(
-            capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock
+            capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock, disk=disk
         )
         self.records: dict[str, RequestRecord] = {}
         self.seq_ids: dict[str, int] = {}
@@ -252,6 +266,10 @@ class Driver:
         batch = self.scheduler.schedule()
         self._check_queue()
         result = self.backend.execute(batch)
+        if self.disk is not None:  # as the worker does: the saved states go to the disk tier's writer
+            for key, (num_tokens, payload) in result.saved.items():
+                self.disk.put(key, num_tokens, payload)
+            self.disk.flush()
         seconds = self.step_s if self.step_cost is None else self.step_cost(batch.num_tokens, len(batch.chunks))
         self.clock.advance(seconds)
         self.scheduler.observe_step(batch, seconds)

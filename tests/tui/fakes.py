@@ -63,6 +63,8 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "prefix_cache_hit_rate": 0.37,
         "spec_draft_tokens": 400,
         "spec_accepted_tokens": 312,
+        "prefix_disk": True,
+        "prefix_disk_hits": 7,
         "mean_batch_size": 5.6,
         "prefill_tokens_per_s": 910.0,
         "decode_tokens_per_s": decode_tokens_per_s - 40.0,

@@ -6,7 +6,8 @@ is copied on the hot path):
 
 * `localserve_prompt_tokens_total`, `localserve_generation_tokens_total`,
   `localserve_prefix_cache_hit_tokens_total`, `localserve_preemptions_total`,
-  `localserve_spec_decode_num_draft_tokens_total` / `..._accepted_tokens_total`
+  `localserve_spec_decode_num_draft_tokens_total` / `..._accepted_tokens_total`,
+  `localserve_prefix_disk_{hits,misses,bytes_written,bytes_read,restore_seconds}_total`
 * `localserve_queue_depth{priority}` (waiting requests by priority class),
   `localserve_running_sequences`, `localserve_requests_in_flight`
 * `localserve_kv_cache_used_tokens`, `localserve_kv_cache_capacity_tokens`,
@@ -149,6 +150,16 @@ class ServerCollector(Collector):
         accepted = CounterMetricFamily(
             "localserve_spec_decode_num_accepted_tokens", "Drafted tokens accepted (speculative decoding)", labels=m
         )
+        disk = {
+            name: CounterMetricFamily(f"localserve_prefix_disk_{name}", text, labels=m)
+            for name, text in (
+                ("hits", "Prompt prefixes restored from the prefix cache's disk tier"),
+                ("misses", "Prompts of a block or more that found no longer prefix on disk"),
+                ("bytes_written", "Bytes of KV state written to the disk tier"),
+                ("bytes_read", "Bytes of KV state read from the disk tier"),
+                ("restore_seconds", "Seconds spent restoring KV state from the disk tier"),
+            )
+        }
         queue = GaugeMetricFamily(
             "localserve_queue_depth", "Requests waiting, by priority class", labels=[*m, "priority"]
         )
@@ -167,6 +178,9 @@ class ServerCollector(Collector):
             preempted.add_metric([model_id], s.get("preemptions", 0))
             drafted.add_metric([model_id], s.get("spec_draft_tokens", 0))
             accepted.add_metric([model_id], s.get("spec_accepted_tokens", 0))
+            if s.get("prefix_disk"):
+                for name, metric in disk.items():
+                    metric.add_metric([model_id], s.get(f"prefix_disk_{name.replace('seconds', 's')}", 0))
             for name in PRIORITY_ALIASES:
                 queue.add_metric([model_id, name], 0 if idle else s.get("waiting", {}).get(name, 0))
             running.add_metric([model_id], 0 if idle else sum(s.get("running", {}).values()))
@@ -176,7 +190,7 @@ class ServerCollector(Collector):
             sizes = s.get("recent_batch_sizes") or [0]
             batch.add_metric([model_id], sizes[-1])
         yield from (prompt, generated, cached, preempted, drafted, accepted, queue, running, in_flight, kv_used)
-        yield from (kv_total, batch)
+        yield from (kv_total, batch, *disk.values())
 
     def _latencies(self, histograms: Mapping[str, Mapping[str, Mapping[str, Histogram]]]) -> Iterator[Metric]:
         families = {

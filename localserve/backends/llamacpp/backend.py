@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import os
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
+from localserve.backends.llamacpp import selfcheck
 from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
@@ -197,10 +200,25 @@ class LlamaCppBackend(GenerativeBackend):
         (e.g. a grammar that does not compile). Safe from any thread."""
         SamplerChain(params, self._tokenizer.vocab, self._n_vocab).free()
 
+    def kv_state_identity(self) -> str | None:
+        config = self.config
+        stat = Path(config.model_path).stat()
+        layout = "streams" if self._split_kv else "pool"
+        return (
+            f"{Path(config.model_path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|k={config.cache_type_k}|"
+            f"v={config.cache_type_v}|fa={config.flash_attn}|{layout}|lib={library_build()}"
+        )
+
     def execute(self, batch: StepBatch) -> StepResult:
         ctx, mem, b = self._native()
         self.release(batch.released_seq_ids)
-        self._apply_kv_ops(mem, batch.kv_ops)
+        state = self._apply_kv_ops(ctx, mem, batch.kv_ops)
+        if not batch.chunks:  # a step of KV edits only (saves at unload)
+            return StepResult({}, saved=state.saved)
+        if state.restore_failed:
+            batch = dataclasses.replace(
+                batch, chunks=tuple(c for c in batch.chunks if c.slot not in state.restore_failed)
+            )
         failed = self._ensure_chains(batch)
         model_drafts = self._draft.drafts_for(batch) if self._draft is not None else {}
         sample_at = _fill_batch(b, batch, model_drafts)
@@ -231,7 +249,15 @@ class LlamaCppBackend(GenerativeBackend):
             if not chunk.sample and self._draft is not None:
                 self._draft.record(chunk, chunk.token_ids)
         drafted = {seq_id: len(d) for seq_id, d in model_drafts.items()}
-        return StepResult(sampled=sampled, failed=failed, accepted=accepted, drafted=drafted)
+        return StepResult(
+            sampled=sampled,
+            failed=failed,
+            accepted=accepted,
+            drafted=drafted,
+            saved=state.saved,
+            restore_s=state.restore_s,
+            restore_failed=tuple(state.restore_failed),
+        )
 
     def _sample(self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int) -> SampledToken:
         token_id = self._chains[chunk.seq_id].sample(ctx, index)
@@ -303,9 +329,12 @@ class LlamaCppBackend(GenerativeBackend):
             raise BackendError("the model is closed")
         return ctx, mem, b
 
-    def _apply_kv_ops(self, mem: llama_cpp.llama_memory_t, kv_ops: tuple[KvOp, ...]) -> None:
+    def _apply_kv_ops(
+        self, ctx: llama_cpp.llama_context_p, mem: llama_cpp.llama_memory_t, kv_ops: tuple[KvOp, ...]
+    ) -> _KvState:
         if self._draft is not None:
             self._draft.follow_kv_ops(kv_ops)
+        state = _KvState()
         for op in kv_ops:
             if op.kind == "keep":
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
@@ -316,8 +345,20 @@ class LlamaCppBackend(GenerativeBackend):
                     llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
                 else:
                     llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
+            elif op.kind == "save":
+                llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
+                state.saved[op.key] = (op.num_tokens, _seq_state(ctx, op.slot))
+            elif op.kind == "restore":
+                started = time.perf_counter()
+                llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
+                if not _set_seq_state(ctx, op.slot, op.payload):
+                    llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
+                    state.restore_failed.add(op.slot)
+                    log.warning("llama.cpp refused a saved prefix state of %d tokens; recomputing", op.num_tokens)
+                state.restore_s += time.perf_counter() - started
             else:
                 raise BackendError(f"unknown KV operation {op.kind!r}")
+        return state
 
     def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
         failed: dict[int, str] = {}
@@ -330,6 +371,35 @@ class LlamaCppBackend(GenerativeBackend):
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message
         return failed
+
+
+@dataclass(slots=True)
+class _KvState:
+    """What a step's save and restore edits did."""
+
+    saved: dict[str, tuple[int, bytes]] = dataclasses.field(default_factory=dict)
+    restore_s: float = 0.0
+    restore_failed: set[int] = dataclasses.field(default_factory=set)
+
+
+def _seq_state(ctx: llama_cpp.llama_context_p, slot: int) -> bytes:
+    """A copy of the KV state of one sequence (all its cells)."""
+    size = llama_cpp.llama_state_seq_get_size(ctx, slot)
+    buffer = (ctypes.c_uint8 * size)()
+    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, slot)
+    return ctypes.string_at(buffer, written)
+
+
+def _set_seq_state(ctx: llama_cpp.llama_context_p, slot: int, payload: bytes) -> bool:
+    """Load a saved sequence state into `slot`; False if llama.cpp refuses it."""
+    buffer = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
+    return bool(llama_cpp.llama_state_seq_set_data(ctx, buffer, len(payload), slot))
+
+
+@functools.cache
+def library_build() -> str:
+    """The llama.cpp library this process runs (a hash of its files): a saved state is for that build only."""
+    return selfcheck.library_digest(Path(llama_cpp.__file__).parent / "lib")
 
 
 def _fill_batch(

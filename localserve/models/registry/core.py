@@ -42,9 +42,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
@@ -71,6 +73,20 @@ from localserve.models.registry.specs import ModelSpec, find_spec, resolve
 from localserve.models.registry.views import RegistryViews
 
 log = logging.getLogger(__name__)
+
+
+PREFIX_DISK_MAX_AUTO = 4 << 30  # auto: a tenth of the free disk, at most this
+
+
+def prefix_disk(settings: ServerSettings) -> tuple[Path | None, int]:
+    """Where the prefix cache's disk tier lives and its bound (None: off)."""
+    if settings.prefix_cache_disk == 0:
+        return None, 0
+    root = settings.data_path() / "prefix-cache"
+    if settings.prefix_cache_disk > 0:
+        return root, settings.prefix_cache_disk
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    return root, min(PREFIX_DISK_MAX_AUTO, shutil.disk_usage(existing).free // 10)
 
 
 class ModelRegistry(RegistryViews):
@@ -336,7 +352,10 @@ class ModelRegistry(RegistryViews):
             speculative=speculative,
             draft_max=settings.draft_max,
         )
-        return EngineConfig(max_queue=settings.max_queue, scheduler=scheduler)
+        disk_root, disk_bytes = prefix_disk(settings)
+        return EngineConfig(
+            max_queue=settings.max_queue, scheduler=scheduler, prefix_disk=disk_root, prefix_disk_bytes=disk_bytes
+        )
 
     # ---- unloading -------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ COLUMNS = (
     Col("ctx×slots", numeric=True),
     Col("KV use", numeric=True),
     Col("prefix hit", numeric=True, shows_from=185),
+    Col("disk hits", numeric=True, shows_from=185),  # prefixes restored from the prefix cache's disk tier
     Col("drafts kept", numeric=True, shows_from=185),  # speculative decoding: accepted / drafted
     Col("avg batch", numeric=True, shows_from=185),
     Col("busy", numeric=True, shows_from=185),
@@ -86,6 +87,7 @@ class ModelsPanel(Widget):
             f"{m.n_ctx}×{m.max_num_seqs}",
             Text(f"{kv:.0%}", style=kv_style(kv)),
             f"{m.prefix_cache_hit_rate:.0%}",
+            str(m.prefix_disk_hits) if m.prefix_disk_hits is not None else DASH,
             f"{m.spec_accepted_tokens / m.spec_draft_tokens:.0%}" if m.spec_draft_tokens else DASH,
             f"{m.mean_batch_size:.1f}",
             f"{m.busy_fraction:.0%}",
@@ -98,6 +100,7 @@ class ModelsPanel(Widget):
         return [
             Text("  " + m.model_id, style="bold blue"),
             Text(m.kind or "one-shot", style="magenta"),
+            DASH,
             DASH,
             DASH,
             DASH,

@@ -1,0 +1,230 @@
+"""The prefix cache's second tier: KV state of prompt prefixes on disk.
+
+A slot's cached prefix is lost when the slot is reused, evicted, its model
+unloaded or the server restarted. Before that, the scheduler has the
+backend copy the KV state of the prefix's first whole blocks (BLOCK tokens
+each) out of its cache (`KvOp` "save", on the step thread: a memory copy),
+and this store writes it to a file from a background thread. A new
+sequence whose prompt shares more whole blocks with a file than with any
+slot has them restored into its slot (`KvOp` "restore") and computes only
+the rest.
+
+Keys: a hash chain over the token ids, block by block, seeded with the
+model's KV identity (`GenerativeBackend.kv_state_identity`: the model file's
+path, size and mtime, the KV types and layout, the llama.cpp library), so
+a file of another model, another KV layout or another build never matches.
+Files: ``ROOT/<identity hash>/<chain hash>.kv``, each a header (magic,
+version, the chain hash, token count, payload size, SHA-256 of the payload)
+then the payload. A file that is truncated, corrupt or not ours is deleted
+with one warning and reads as a miss; it never reaches the backend. Writes
+go to a temporary name and are renamed into place, so several processes on
+one home never see half a file; the size bound (least recently used first,
+by mtime, which a hit renews) is kept under an flock of ``ROOT/.lock``.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BLOCK = 256  # tokens per block: prefixes are saved and found in whole blocks
+MAGIC = b"LSKV"
+VERSION = 1
+_HEADER = struct.Struct("<4sH32sIQ32s")  # magic, version, chain hash (hex, 32), tokens, payload bytes, sha256
+_WRITE_QUEUE = 8  # saves waiting for the writer; more are dropped (a cache may forget)
+
+
+@dataclass(slots=True)
+class DiskTierStats:
+    """Counters of one model's disk tier (read by the stats snapshot)."""
+
+    num_hits: int = 0  # restores
+    num_misses: int = 0  # admissions of a prompt of a block or more that found nothing longer on disk
+    num_saves: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    restore_s: float = 0.0  # seconds spent restoring, backend side
+    num_restored_tokens: int = 0
+    num_dropped: int = 0  # saves dropped (writer busy) or unreadable files deleted
+
+
+def chain_hashes(identity: str, token_ids: Sequence[int]) -> list[str]:
+    """The chain hash after each whole block of `token_ids`."""
+    hashes = []
+    previous = hashlib.sha256(identity.encode()).digest()
+    for start in range(0, len(token_ids) - BLOCK + 1, BLOCK):
+        block = array.array("i", token_ids[start : start + BLOCK]).tobytes()
+        previous = hashlib.sha256(previous + block).digest()
+        hashes.append(previous.hex()[:32])
+    return hashes
+
+
+class DiskPrefixStore:
+    """One model's files under `root` (shared by every model and process on
+    this home), within `max_bytes` for the whole root."""
+
+    def __init__(self, root: Path, identity: str, max_bytes: int) -> None:
+        self.identity = identity
+        self.root = root
+        self.dir = root / hashlib.sha256(identity.encode()).hexdigest()[:24]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.stats = DiskTierStats()
+        self._lock = threading.Lock()
+        self._index: dict[str, int] = {}  # chain hash -> tokens, files of this model present on disk
+        for path in self.dir.glob("*.kv"):
+            tokens = _peek_tokens(path)
+            if tokens:
+                self._index[path.stem] = tokens
+        self._queue: queue.Queue[tuple[str, int, bytes] | None] = queue.Queue(_WRITE_QUEUE)
+        self._writer = threading.Thread(target=self._write_loop, name="localserve-prefix-disk", daemon=True)
+        self._writer.start()
+
+    # ---- the scheduler's view (step thread) --------------------------------------------------
+
+    def longest(self, token_ids: Sequence[int], limit: int) -> tuple[int, str] | None:
+        """The longest saved prefix of `token_ids` of at most `limit` tokens: (tokens, key)."""
+        hashes = chain_hashes(self.identity, token_ids[:limit])
+        with self._lock:
+            for i in range(len(hashes) - 1, -1, -1):
+                if hashes[i] in self._index:
+                    return (i + 1) * BLOCK, hashes[i]
+        return None
+
+    def has(self, key: str) -> bool:
+        with self._lock:
+            return key in self._index
+
+    def load(self, key: str) -> bytes | None:
+        """A saved payload, checked; None (and the file deleted) if it is not whole and ours."""
+        path = self.dir / f"{key}.kv"
+        try:
+            data = path.read_bytes()
+        except OSError:
+            self._forget(key)
+            return None
+        payload = _check(data, key)
+        if payload is None:
+            log.warning("prefix cache: %s is truncated, corrupt or not this model's; deleted", path)
+            self.stats.num_dropped += 1
+            self._forget(key)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used
+        self.stats.bytes_read += len(data)
+        return payload
+
+    def discard(self, key: str) -> None:
+        """A file the backend could not restore: never tried again."""
+        log.warning("prefix cache: the backend refused %s; deleted", self.dir / f"{key}.kv")
+        self.stats.num_dropped += 1
+        self._forget(key)
+        with contextlib.suppress(OSError):
+            (self.dir / f"{key}.kv").unlink()
+
+    # ---- saving (the worker hands payloads over; a thread writes them) ----------------------
+
+    def put(self, key: str, num_tokens: int, payload: bytes) -> None:
+        try:
+            self._queue.put_nowait((key, num_tokens, payload))
+        except queue.Full:
+            self.stats.num_dropped += 1
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until queued saves are written (at unload and shutdown), at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self.flush(timeout_s)
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except OSError as exc:  # a full or read-only disk: the cache forgets, serving goes on
+                log.warning("prefix cache: could not write to %s: %s", self.dir, exc)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, key: str, num_tokens: int, payload: bytes) -> None:
+        digest = hashlib.sha256(payload).digest()
+        header = _HEADER.pack(MAGIC, VERSION, key.encode(), num_tokens, len(payload), digest)
+        path = self.dir / f"{key}.kv"
+        tmp = self.dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with tmp.open("wb") as file:
+            file.write(header)
+            file.write(payload)
+        tmp.replace(path)
+        with self._lock:
+            self._index[key] = num_tokens
+        self.stats.num_saves += 1
+        self.stats.bytes_written += len(header) + len(payload)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Delete the least recently used files of every model until the root fits."""
+        with (self.root / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            files = []
+            for path in self.root.glob("*/*.kv"):
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+                    files.append((st.st_mtime, st.st_size, path))
+            total = sum(size for _, size, _ in files)
+            for _, size, path in sorted(files):
+                if total <= self.max_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    total -= size
+                    if path.parent == self.dir:
+                        self._forget(path.stem)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._index.pop(key, None)
+
+
+def _check(data: bytes, key: str) -> bytes | None:
+    if len(data) < _HEADER.size:
+        return None
+    magic, version, stored_key, _, size, digest = _HEADER.unpack_from(data)
+    payload = data[_HEADER.size :]
+    if magic != MAGIC or version != VERSION or stored_key != key.encode() or len(payload) != size:
+        return None
+    return payload if hashlib.sha256(payload).digest() == digest else None
+
+
+def _peek_tokens(path: Path) -> int:
+    """The token count a file's header states (0: not a file of ours); the payload is checked at load."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(_HEADER.size)
+    except OSError:
+        return 0
+    if len(head) < _HEADER.size:
+        return 0
+    magic, version, key, tokens, _, _ = _HEADER.unpack(head)
+    return int(tokens) if magic == MAGIC and version == VERSION and key == path.stem.encode() else 0

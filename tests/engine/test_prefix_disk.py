@@ -1,0 +1,195 @@
+"""The prefix cache's disk tier: the store (keys, checks, bounds, several
+processes) and the scheduler saving and restoring whole blocks (scripted
+backend: the KV view is checked after every step)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
+from localserve.engine.types import StepBatch, StepResult
+
+from .scripted import Driver, make_capacity, prompt
+
+ID = "model.gguf|f16|f16"
+
+
+def store(tmp_path: Path, identity: str = ID, max_bytes: int = 1 << 30) -> DiskPrefixStore:
+    return DiskPrefixStore(tmp_path / "prefix-cache", identity, max_bytes)
+
+
+# ---- the store -----------------------------------------------------------------------------------
+
+
+def test_longest_finds_the_longest_saved_whole_block_prefix(tmp_path):
+    disk = store(tmp_path)
+    tokens = prompt(0, 3 * BLOCK + 10)
+    keys = chain_hashes(ID, tokens)
+    assert len(keys) == 3
+    disk.put(keys[0], BLOCK, b"one block")
+    disk.put(keys[1], 2 * BLOCK, b"two blocks")
+    disk.flush()
+    assert disk.longest(tokens, len(tokens)) == (2 * BLOCK, keys[1])
+    assert disk.longest(tokens, 2 * BLOCK - 1) == (BLOCK, keys[0])  # limited: at most that many tokens
+    assert disk.load(keys[1]) == b"two blocks"
+    other = tokens[:BLOCK] + [7] + tokens[BLOCK + 1 :]  # differs in the second block
+    assert disk.longest(other, len(other)) == (BLOCK, keys[0])
+    assert store(tmp_path, "another.gguf|f16|f16").longest(tokens, len(tokens)) is None  # other model: no match
+
+
+def test_a_restarted_store_finds_what_was_written_before(tmp_path):
+    tokens = prompt(0, 2 * BLOCK)
+    first = store(tmp_path)
+    first.put(chain_hashes(ID, tokens)[-1], 2 * BLOCK, b"state")
+    first.close()
+    again = store(tmp_path)
+    assert again.longest(tokens, len(tokens)) == (2 * BLOCK, chain_hashes(ID, tokens)[-1])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "renamed"])
+def test_a_damaged_file_is_deleted_with_one_warning_and_reads_as_a_miss(tmp_path, caplog, damage):
+    disk = store(tmp_path)
+    tokens = prompt(0, BLOCK)
+    key = chain_hashes(ID, tokens)[0]
+    disk.put(key, BLOCK, os.urandom(5000))
+    disk.flush()
+    path = disk.dir / f"{key}.kv"
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-10] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[:-100]))
+    else:  # another key's file under this name
+        other = chain_hashes(ID, prompt(1, BLOCK))[0]
+        disk.put(other, BLOCK, b"x" * 10)
+        disk.flush()
+        (disk.dir / f"{other}.kv").replace(path)
+    with caplog.at_level(logging.WARNING, logger="localserve.engine.prefix_disk"):
+        assert disk.load(key) is None
+    assert len([r for r in caplog.records if "deleted" in r.message]) == 1
+    assert not path.exists() and disk.longest(tokens, BLOCK) is None
+
+
+def test_the_size_bound_evicts_the_least_recently_used_first(tmp_path):
+    disk = store(tmp_path, max_bytes=25_000)
+    keys = []
+    for i in range(4):
+        key = chain_hashes(ID, prompt(i * 1000, BLOCK))[0]
+        keys.append(key)
+        disk.put(key, BLOCK, bytes(10_000))
+        disk.flush()
+        os.utime(disk.dir / f"{key}.kv", (time.time() - 100 + i, time.time() - 100 + i))
+    disk.load(keys[2])  # a hit renews it
+    disk.put(chain_hashes(ID, prompt(9000, BLOCK))[0], BLOCK, bytes(10_000))
+    disk.flush()
+    left = {p.stem for p in disk.dir.glob("*.kv")}
+    assert keys[2] in left and keys[0] not in left and keys[1] not in left
+    assert sum(p.stat().st_size for p in disk.dir.glob("*.kv")) <= 25_000
+
+
+def test_two_processes_on_one_home_share_files_and_never_see_half_of_one(tmp_path):
+    """Two stores on one root (as two servers would be) write the same keys
+    concurrently: every file either reads whole and checked, or is absent."""
+    a, b = store(tmp_path), store(tmp_path)
+    keys = [chain_hashes(ID, prompt(i * 1000, BLOCK))[0] for i in range(20)]
+    for i, key in enumerate(keys):
+        payload = bytes([i]) * 50_000
+        a.put(key, BLOCK, payload)
+        b.put(key, BLOCK, payload)
+    a.flush()
+    b.flush()
+    assert not list(a.dir.glob("*.tmp"))
+    fresh = store(tmp_path)
+    loaded = {key: fresh.load(key) for key in keys}  # a save the busy writer dropped is absent: a cache may forget
+    assert all(data is None or data == bytes([i]) * 50_000 for i, data in enumerate(loaded.values()))
+    assert sum(data is not None for data in loaded.values()) >= 8
+
+
+# ---- the scheduler with a disk tier --------------------------------------------------------------
+
+LONG = prompt(0, 2 * BLOCK + 40)  # two whole blocks and a tail
+
+
+def alone(ids: list[int]) -> list[int]:
+    """The answer computed from scratch, without any cache."""
+    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    driver = Driver(capacity)
+    driver.add("alone", ids, max_tokens=8)
+    driver.run()
+    return driver.records["alone"].token_ids
+
+
+def drive(disk: DiskPrefixStore, prompts: dict[str, list[int]], **kwargs) -> Driver:  # type: ignore[no-untyped-def]
+    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    driver = Driver(capacity, disk=disk)
+    for request_id, ids in prompts.items():
+        driver.add(request_id, ids, max_tokens=kwargs.get("max_tokens", 8))
+        driver.run()
+    return driver
+
+
+def test_a_prefix_dropped_from_its_slot_is_saved_and_restored_instead_of_recomputed(tmp_path):
+    disk = store(tmp_path)
+    first = LONG + [1000, 1001]
+    other = prompt(3000, 300)  # another prompt takes the one slot: the first's blocks are saved
+    again = LONG + [2000]
+    driver = drive(disk, {"first": first, "other": other, "again": again})
+    assert disk.stats.num_saves >= 1 and disk.stats.num_hits == 1
+    restores = [op for b in driver.batches for op in b.kv_ops if op.kind == "restore"]
+    assert [op.num_tokens for op in restores] == [2 * BLOCK]
+    last = driver.records["again"]
+    assert last.last.num_cached_tokens == 2 * BLOCK  # cached tokens, as usage reports them: from the disk tier
+    assert last.token_ids == alone(again)  # the same answer as computed from scratch
+    prefill = [c for b in driver.batches for c in b.chunks if c.seq_id == driver.seq_ids["again"]]
+    assert prefill[0].start_pos == 2 * BLOCK  # only the tail was computed
+
+
+def test_after_a_restart_the_prefix_comes_from_disk(tmp_path):
+    first = drive(store(tmp_path), {"first": LONG + [5]})
+    first.scheduler_batch = first.scheduler.save_ops()  # shutdown: the slots' blocks go to disk
+    result = first.backend.execute(first.scheduler_batch)
+    for key, (num_tokens, payload) in result.saved.items():
+        first.disk.put(key, num_tokens, payload)  # type: ignore[union-attr]
+    first.disk.close()  # type: ignore[union-attr]
+    assert result.saved
+    restarted = store(tmp_path)
+    driver = drive(restarted, {"again": LONG + [6, 7]})
+    assert restarted.stats.num_hits == 1
+    assert driver.records["again"].token_ids == alone(LONG + [6, 7])
+
+
+def test_short_prompts_and_a_cache_that_has_more_in_a_slot_do_not_touch_the_disk(tmp_path):
+    disk = store(tmp_path)
+    drive(disk, {"a": prompt(0, 100), "b": prompt(0, 120)})
+    assert disk.stats.num_saves == 0 and disk.stats.num_hits == 0
+    driver = drive(disk, {"a": LONG + [1], "b": LONG + [2]})  # the second reuses the slot's prefix
+    assert disk.stats.num_hits == 0
+    assert driver.records["b"].last.num_cached_tokens == len(LONG)
+
+
+def test_a_restore_the_backend_refuses_is_recomputed_and_its_file_deleted(tmp_path):
+    disk = store(tmp_path)
+    driver = drive(disk, {"first": LONG + [1], "other": prompt(3000, 300)})
+    real_execute = driver.backend.execute
+
+    def refusing(batch: StepBatch) -> StepResult:
+        restores = {op.slot for op in batch.kv_ops if op.kind == "restore"}
+        if not restores:
+            return real_execute(batch)
+        kept = tuple(op for op in batch.kv_ops if op.kind != "restore")
+        result = real_execute(StepBatch(batch.step_id, kept, (), batch.released_seq_ids))
+        for slot in restores:
+            driver.backend.slots[slot] = []
+        return StepResult({}, restore_failed=tuple(restores), saved=result.saved)
+
+    driver.backend.execute = refusing  # type: ignore[method-assign]
+    driver.add("again", LONG + [2], max_tokens=8)
+    driver.run()
+    assert driver.records["again"].token_ids == alone(LONG + [2])
+    assert not list(disk.dir.glob("*.kv")) or disk.longest(LONG, len(LONG)) is None
