@@ -72,12 +72,16 @@ async def generate(
 
 
 async def test_greedy_output_equals_decoding_without_speculation(backend: LlamaCppBackend) -> None:
+    num_drafted = num_accepted = 0
     for text in COPYING:  # one at a time: the same batch composition but for the drafts
         prompt = [chat(backend, text)]
         [(plain, _, _)] = await generate(backend, "off", prompt, max_tokens=80, temperature=0.0)
         [(spec, _, events)] = await generate(backend, "ngram", prompt, max_tokens=80, temperature=0.0)
         assert spec == plain, text
-        assert events[-1].num_draft_tokens > 0 and events[-1].num_accepted_tokens > 0, text
+        num_drafted += events[-1].num_draft_tokens
+        num_accepted += events[-1].num_accepted_tokens
+    # How many drafts pay is the step-time model's call (a short answer may verify none); these answers copy.
+    assert num_drafted > 0 and num_accepted > 0
 
 
 async def test_many_streams_speculating_together_finish_whole(backend: LlamaCppBackend) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import logging
 import os
-import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +21,9 @@ import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.kv_types import KV_CACHE_TYPES
-from localserve.backends.llamacpp import selfcheck
 from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
+from localserve.backends.llamacpp.kv_state import KvEdits, apply_kv_ops, library_build
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
@@ -331,34 +329,10 @@ class LlamaCppBackend(GenerativeBackend):
 
     def _apply_kv_ops(
         self, ctx: llama_cpp.llama_context_p, mem: llama_cpp.llama_memory_t, kv_ops: tuple[KvOp, ...]
-    ) -> _KvState:
+    ) -> KvEdits:
         if self._draft is not None:
             self._draft.follow_kv_ops(kv_ops)
-        state = _KvState()
-        for op in kv_ops:
-            if op.kind == "keep":
-                llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
-            elif op.kind == "copy":
-                llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
-                if self._split_kv:  # across streams llama.cpp copies whole streams only: copy, then trim
-                    llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, -1, -1)
-                    llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
-                else:
-                    llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
-            elif op.kind == "save":
-                llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
-                state.saved[op.key] = (op.num_tokens, _seq_state(ctx, op.slot))
-            elif op.kind == "restore":
-                started = time.perf_counter()
-                llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
-                if not _set_seq_state(ctx, op.slot, op.payload):
-                    llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
-                    state.restore_failed.add(op.slot)
-                    log.warning("llama.cpp refused a saved prefix state of %d tokens; recomputing", op.num_tokens)
-                state.restore_s += time.perf_counter() - started
-            else:
-                raise BackendError(f"unknown KV operation {op.kind!r}")
-        return state
+        return apply_kv_ops(ctx, mem, kv_ops, split_kv=self._split_kv)
 
     def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
         failed: dict[int, str] = {}
@@ -371,35 +345,6 @@ class LlamaCppBackend(GenerativeBackend):
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message
         return failed
-
-
-@dataclass(slots=True)
-class _KvState:
-    """What a step's save and restore edits did."""
-
-    saved: dict[str, tuple[int, bytes]] = dataclasses.field(default_factory=dict)
-    restore_s: float = 0.0
-    restore_failed: set[int] = dataclasses.field(default_factory=set)
-
-
-def _seq_state(ctx: llama_cpp.llama_context_p, slot: int) -> bytes:
-    """A copy of the KV state of one sequence (all its cells)."""
-    size = llama_cpp.llama_state_seq_get_size(ctx, slot)
-    buffer = (ctypes.c_uint8 * size)()
-    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, slot)
-    return ctypes.string_at(buffer, written)
-
-
-def _set_seq_state(ctx: llama_cpp.llama_context_p, slot: int, payload: bytes) -> bool:
-    """Load a saved sequence state into `slot`; False if llama.cpp refuses it."""
-    buffer = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
-    return bool(llama_cpp.llama_state_seq_set_data(ctx, buffer, len(payload), slot))
-
-
-@functools.cache
-def library_build() -> str:
-    """The llama.cpp library this process runs (a hash of its files): a saved state is for that build only."""
-    return selfcheck.library_digest(Path(llama_cpp.__file__).parent / "lib")
 
 
 def _fill_batch(
