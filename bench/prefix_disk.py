@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare_servers import MODEL_ID, RunningServer, ServerSpec, free_port, wait_for_quiet  # noqa: E402
-from bench.spec_bench import chat_prompt, run_cell  # noqa: E402
+from bench.spec_bench import run_cell  # noqa: E402
 
 DOCUMENT = " ".join(
     f"Entry {i}: the survey team measured the river at station {i}, found the water {['clear', 'muddy', 'fast'][i % 3]}, "
