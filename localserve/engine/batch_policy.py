@@ -109,6 +109,13 @@ class StepGate:
         return a + b * num_tokens + c * num_seqs
 
 
+def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
+    """Slots that are other work's first claim (batch work holds them only while it runs alone)."""
+    if config.reserved_slots is not None:
+        return max(0, min(config.reserved_slots, max_num_seqs - 1))
+    return max_num_seqs // 8
+
+
 class BatchPolicy:
     """The mode and the step limits of batch work for one model's scheduler.
     See the module docstring."""

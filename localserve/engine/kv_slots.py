@@ -9,11 +9,11 @@ the step's plan, so that the backend's cache follows (see `Scheduler`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from localserve.engine.sequence import Sequence, Slot, common_prefix_len
-from localserve.engine.types import KvOp
+from localserve.engine.types import KvOp, SeqChunk, StepBatch, StepResult
 
 
 class StepPlan:
@@ -62,6 +62,26 @@ class StepPlan:
         num_new = self.scheduled.pop(seq, 0) + len(self.drafts.pop(seq, ())) + self.model_drafts.pop(seq, 0)
         self.budget += num_new
         self.kv_used -= num_new
+
+    def chunks(self) -> tuple[SeqChunk, ...]:
+        """The step's token chunks: each scheduled sequence's next tokens, then its drafts."""
+        chunks = []
+        for seq, num_new in self.scheduled.items():
+            start = seq.num_computed_tokens
+            drafts = tuple(self.drafts.get(seq, ()))
+            chunks.append(
+                SeqChunk(
+                    seq_id=seq.seq_id,
+                    slot=seq.slot,
+                    token_ids=tuple(seq.token_ids[start : start + num_new]) + drafts,
+                    start_pos=start,
+                    sample=start + num_new == seq.num_tokens,
+                    sampling=seq.sampling,
+                    num_draft=len(drafts),
+                    draft_model_tokens=self.model_drafts.get(seq, 0),
+                )
+            )
+        return tuple(chunks)
 
 
 class SlotTable:
@@ -172,3 +192,63 @@ class SlotTable:
         """The owner is gone; the tokens stay, as a cached prefix."""
         slot.owner = None
         slot.last_used = now
+
+
+class DiskRestores:
+    """The disk tier's restore decisions: which admitted sequence gets a saved
+    prefix restored into its slot, and what a restored token costs, as
+    measured from the steps that restored."""
+
+    def __init__(self, slots: SlotTable) -> None:
+        self._slots = slots
+        self._s_per_token: float | None = None  # measured; None: restoring is taken to pay
+
+    def restore(
+        self, seq: Sequence, slot: Slot, num_reused: int, plan: StepPlan, compute_s_per_token: Callable[[], float]
+    ) -> int:
+        """Restore the longest saved prefix of `seq` from the disk tier into
+        `slot` when it holds a block more than the slots gave and restoring
+        is predicted faster than computing it. Returns the tokens reused."""
+        disk = self._slots.disk
+        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
+            return num_reused
+        found = disk.longest(seq.token_ids, seq.num_tokens - 1)
+        if found is None or found[0] < num_reused + BLOCK:
+            disk.stats.num_misses += found is None
+            return num_reused
+        num_tokens, key = found
+        if not self._pays(num_tokens - num_reused, compute_s_per_token):
+            return num_reused
+        payload = disk.load(key)
+        if payload is None:  # truncated or corrupt: deleted, a miss
+            disk.stats.num_misses += 1
+            return num_reused
+        self._slots.restore(slot, seq.token_ids[:num_tokens], key, payload, plan)
+        disk.stats.num_hits += 1
+        return num_tokens
+
+    def _pays(self, num_tokens: int, compute_s_per_token: Callable[[], float]) -> bool:
+        """Restoring `num_tokens` beats computing them, as measured so far."""
+        if self._s_per_token is None:
+            return True
+        per_token = compute_s_per_token()
+        return self._s_per_token * num_tokens < per_token * num_tokens or per_token <= 0.0
+
+    def observe(self, batch: StepBatch, result: StepResult) -> None:
+        """Learn what a restored token costs; a restore the backend refused
+        leaves its slot empty, and its file is not tried again."""
+        disk = self._slots.disk
+        restores = [op for op in batch.kv_ops if op.kind == "restore"]
+        if not restores or disk is None:
+            return
+        for op in restores:
+            if op.slot in result.restore_failed:
+                self._slots[op.slot].token_ids.clear()
+                disk.discard(op.key)
+        num_tokens = sum(op.num_tokens for op in restores if op.slot not in result.restore_failed)
+        if num_tokens:
+            disk.stats.restore_s += result.restore_s
+            disk.stats.num_restored_tokens += num_tokens
+            per_token = result.restore_s / num_tokens
+            mean = self._s_per_token
+            self._s_per_token = per_token if mean is None else mean + 0.3 * (per_token - mean)

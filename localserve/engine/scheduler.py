@@ -1,60 +1,12 @@
 """The token-level continuous-batching scheduler. Pure and synchronous: it
 never touches a model and reads no clock while it plans a step, it only
-decides what the next step computes.
-
-Rules (docs/architecture.md, "Scheduler rules", says how they fit together):
-
-* One token budget per step (`Capacity.max_num_batched_tokens`) and at most
-  `Capacity.max_num_seqs` running sequences.
-* Decode tokens of running sequences go first. The rest of the budget goes
-  to prompt work earliest-deadline-first: the next chunk of a running
-  sequence's prompt and the first chunk of a waiting one compete on equal
-  terms, so an interactive prompt is never queued behind a batch prompt that
-  happened to start earlier. A step is never prefill-only by rule.
-* `batch` work (priority at or past `batch_priority`) takes what other work
-  leaves, decided by measurement (`batch_policy.BatchPolicy`): alone, it
-  uses every slot and the whole budget; beside interactive or default work,
-  it joins a step only while the step's predicted time keeps their
-  inter-token latency within `itl_target` and an arriving prompt's first
-  token within `ttft_target` of idle, and it sits out a step that computes
-  their prompt. The worker feeds each step's measured time in
-  (`observe_step`); the step-time model learns from it.
-* Reserved slots are other work's first claim, not an empty hole: batch
-  sequences hold at most ``max_num_seqs - reserved_slots`` slots while other
-  work runs or waits (or did recently), and all of them while batch work
-  runs alone. An interactive or default request that then finds no free
-  slot takes a lent one back at once, by preempting the youngest batch
-  sequence.
-* Priority is a number, lower is sooner. A request's scheduling key is its
-  *virtual deadline* ``arrival + priority * aging_s``; waiting requests are
-  served earliest-deadline-first. This is aging: a request's effective
-  priority improves by one level per `aging_s` seconds of waiting. Batch
-  work whose deadline aging has put before every other request's is no
-  longer held to the batch limits.
-
-  **Worst-case wait.** A request R of priority p arriving at t0 is ahead of
-  every request that arrives after ``t0 + (p - p_min) * aging_s`` (p_min = 0,
-  `interactive`), and such a request can never preempt it. So R waits at most
-  ``(p - p_min) * aging_s`` plus the service time of the requests that arrived
-  before that moment; no stream of higher-priority arrivals starves it.
-* Preemption: a waiting request may take the slot (or the KV room) of a
-  running one whose deadline is later by more than
-  ``preempt_margin * aging_s`` (or that holds a lent reserved slot, above).
-  Deadlines are fixed, so preemption can never ping-pong between two
-  requests. A preempted sequence keeps its tokens and is recomputed when
-  readmitted, helped by the prefix cache.
-* Prefix cache (`kv_slots.SlotTable`): a free slot keeps the tokens it last
-  held. A new sequence takes the free slot sharing its longest prefix, or
-  copies the prefix from a running slot, and only computes the rest.
-* KV room is counted in tokens (cells), conservatively (shared cells counted
-  once per slot). A sequence that cannot grow first evicts cached prefixes,
-  then preempts the running sequence with the latest deadline; nothing is
-  ever truncated silently.
-* Speculation (`speculation.py`, when the model speculates): once the step
-  is planned, decoding sequences may add drafted tokens with what budget and
-  KV room are left, never at another request's cost (no eviction, no
-  preemption, not for batch work held to its limits), as many as the
-  step-time model says pay. A step keeps the accepted drafts' cells only.
+decides what the next step computes and applies what the step did to the
+sequences and slots. Its rules (one token budget, decode first, deadlines
+and aging, preemption, batch work beside other work, reserved slots, the
+prefix cache and KV room) are in docs/architecture.md, "Scheduler rules".
+Beside it: `kv_slots` (slots, the prefix cache and its disk tier's
+restores), `speculation.DraftPlanner` (drafts) and `output_processor` (text
+and stops, the step after `update`).
 """
 
 from __future__ import annotations
@@ -63,47 +15,25 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
-from localserve.engine.batch_policy import BatchPolicy, StepGate
-from localserve.engine.kv_slots import SlotTable, StepPlan
-from localserve.engine.output import OutputText
-from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore
+from localserve.engine.batch_policy import BatchPolicy, StepGate, reserved_slots
+from localserve.engine.counters import SchedulerCounters
+from localserve.engine.kv_slots import DiskRestores, SlotTable, StepPlan
+from localserve.engine.output_processor import ProcessedOutput, SeqOutput, token_event
+from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.sequence import SeqStatus, Sequence, Slot
-from localserve.engine.speculation import SpecState, draft_lengths
+from localserve.engine.speculation import DraftPlanner, kept_cells
 from localserve.engine.types import (
     Capacity,
     FinishReason,
     GenerateRequest,
-    SampledToken,
     SchedulerConfig,
-    SeqChunk,
     StepBatch,
     StepResult,
     TokenEvent,
-    TokenLogprob,
 )
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerCounters", "reserved_slots"]
-
-
-def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
-    if config.reserved_slots is not None:
-        return max(0, min(config.reserved_slots, max_num_seqs - 1))
-    return max_num_seqs // 8
-
-
-@dataclass(slots=True)
-class SchedulerCounters:
-    """Monotonic counters, read by the step worker for the model's stats
-    (rates and the prefix-cache hit rate are derived there)."""
-
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    num_preemptions: int = 0
-    num_draft_tokens: int = 0  # drafted tokens verified (speculative decoding)
-    num_accepted_tokens: int = 0  # ... of which accepted
 
 
 class Scheduler:
@@ -113,8 +43,6 @@ class Scheduler:
         self,
         capacity: Capacity,
         *,
-        eog_token_ids: Iterable[int],
-        token_bytes: Callable[[int], bytes],
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         disk: DiskPrefixStore | None = None,
@@ -124,12 +52,10 @@ class Scheduler:
         self.capacity = capacity
         self.config = config or SchedulerConfig()
         self.counters = SchedulerCounters()
-        self._eog = frozenset(eog_token_ids)
-        self._token_bytes = token_bytes
         self._clock = clock
         self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
         self.disk = self._slots.disk
-        self._restore_s_per_token: float | None = None  # measured; None: restoring is taken to pay
+        self._restores = DiskRestores(self._slots)
         self._waiting: list[Sequence] = []
         self._running: list[Sequence] = []
         self._by_request: dict[str, Sequence] = {}
@@ -145,14 +71,7 @@ class Scheduler:
         self.policy = BatchPolicy(self.config)
         self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
         self._limit_after = math.inf  # batch work with a later deadline is limited in this step
-        self._max_draft = min(self.config.draft_max, capacity.max_draft_tokens)
-        self._draft_model = self.config.speculative == "draft"
-        if self.config.speculative == "off":
-            self._max_draft = 0
-        elif self.config.speculative not in ("ngram", "draft"):
-            raise ValueError(f"unknown speculative mode {self.config.speculative!r} (off, ngram, draft)")
-        elif self._draft_model and not capacity.has_draft_model:
-            raise ValueError("speculative mode 'draft' needs a draft model (--draft-model PATH)")
+        self._drafts = DraftPlanner(self.config, capacity)
 
     # ---- requests in and out -------------------------------------------------
 
@@ -176,7 +95,6 @@ class Scheduler:
             priority=request.priority,
             arrival_time=now,
             deadline=now + request.priority * self.config.aging_s,
-            output=OutputText(request.sampling.stop),
         )
         self._next_seq_id += 1
         self._by_request[request.request_id] = seq
@@ -192,7 +110,7 @@ class Scheduler:
             return None
         self._now = self._clock()
         self._finish(seq, FinishReason.ABORT)
-        return self._event(seq, (), "")
+        return token_event(seq, seq.finish_reason)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
@@ -259,18 +177,14 @@ class Scheduler:
             if prompt_due:
                 num_kept = gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes))
             self._schedule_batch_decodes(batch_decodes, plan, num_kept)
-        if self._max_draft:
-            self._add_drafts(plan)
+        self._drafts.add_drafts(plan, lambda: self.policy.model.coefficients, self._limited)
         self._record_policy_step(plan)
         self._num_new, self._new_from = 0, self._next_seq_id  # every waiting sequence was considered
         released, self._released = tuple(self._released), []
         return StepBatch(
             step_id=next(self._step_ids),
             kv_ops=tuple(plan.kv_ops),
-            chunks=tuple(
-                self._chunk(seq, n, plan.drafts.get(seq, ()), plan.model_drafts.get(seq, 0))
-                for seq, n in plan.scheduled.items()
-            ),
+            chunks=plan.chunks(),
             released_seq_ids=released,
         )
 
@@ -279,15 +193,18 @@ class Scheduler:
         the step-time model, and so batch admission, learns from."""
         self.policy.observe_step(batch.num_tokens, len(batch.chunks), seconds)
 
-    def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
-        """Apply a step's results: advance computed tokens, append sampled
-        tokens, detect stops. Returns one event per sequence that sampled."""
+    def update(self, batch: StepBatch, result: StepResult) -> list[SeqOutput]:
+        """Apply a step's results to the KV state: advance computed tokens.
+        Returns what each sequence sampled, or its error, for the output
+        processor; `append_outputs` then applies its verdict."""
         self._now = self._clock()
-        events: list[TokenEvent] = []
-        self._count_step(batch)
-        self._note_restores(batch, result)
+        outputs: list[SeqOutput] = []
         for chunk in batch.chunks:
-            seq = self._by_request_seq(chunk.seq_id)
+            seq = self._by_seq_id.get(chunk.seq_id)
+            self.counters.count_chunk(chunk, seq.num_prompt_tokens if seq is not None else None)
+        self._restores.observe(batch, result)
+        for chunk in batch.chunks:
+            seq = self._by_seq_id.get(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue
             if chunk.slot in result.restore_failed:  # the slot is empty and the chunk was not computed
@@ -295,12 +212,7 @@ class Scheduler:
                 continue
             accepted = result.accepted.get(chunk.seq_id, ())
             num_draft = chunk.num_draft + result.drafted.get(chunk.seq_id, 0)
-            num_fed = len(chunk.token_ids) - chunk.num_draft
-            # The cells the backend kept: the chunk's own tokens, then each accepted draft,
-            # which equals the token sampled before it (the first sampled, then all but the last accepted).
-            kept = chunk.token_ids[:num_fed]
-            if accepted:
-                kept += (result.sampled[chunk.seq_id].token_id, *(t.token_id for t in accepted[:-1]))
+            kept = kept_cells(chunk, result)
             seq.num_computed_tokens += len(kept)
             self._slots[chunk.slot].token_ids.extend(kept)
             if num_draft and seq.spec is not None:
@@ -308,29 +220,21 @@ class Scheduler:
                 self.counters.num_draft_tokens += num_draft
                 self.counters.num_accepted_tokens += len(accepted)
             if chunk.seq_id in result.failed:
-                self._finish(seq, FinishReason.ERROR)
-                events.append(self._event(seq, (), "", error=result.failed[chunk.seq_id]))
+                outputs.append(SeqOutput(seq, error=result.failed[chunk.seq_id]))
             elif chunk.sample:
-                events.append(self._append_tokens(seq, (result.sampled[chunk.seq_id], *accepted)))
-        return events
+                outputs.append(SeqOutput(seq, (result.sampled[chunk.seq_id], *accepted)))
+        return outputs
 
-    def _note_restores(self, batch: StepBatch, result: StepResult) -> None:
-        """Learn what a restored token costs; a restore the backend refused
-        leaves its slot empty, and its file is not tried again."""
-        restores = [op for op in batch.kv_ops if op.kind == "restore"]
-        if not restores or self.disk is None:
-            return
-        for op in restores:
-            if op.slot in result.restore_failed:
-                self._slots[op.slot].token_ids.clear()
-                self.disk.discard(op.key)
-        num_tokens = sum(op.num_tokens for op in restores if op.slot not in result.restore_failed)
-        if num_tokens:
-            self.disk.stats.restore_s += result.restore_s
-            self.disk.stats.num_restored_tokens += num_tokens
-            per_token = result.restore_s / num_tokens
-            mean = self._restore_s_per_token
-            self._restore_s_per_token = per_token if mean is None else mean + 0.3 * (per_token - mean)
+    def append_outputs(self, processed: Iterable[ProcessedOutput]) -> list[TokenEvent]:
+        """Append the tokens the output processor kept and end the sequences
+        a stop or an error ended. Returns the step's events."""
+        events = []
+        for output in processed:
+            output.seq.token_ids.extend(output.token_ids)
+            if output.finish_reason is not None:
+                self._finish(output.seq, output.finish_reason)
+            events.append(output.event)
+        return events
 
     def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
         """The step raised: end its sequences with an error, forget the KV of
@@ -338,10 +242,10 @@ class Scheduler:
         clear `touched_slots(batch)` in the backend."""
         events = []
         for chunk in batch.chunks:
-            seq = self._by_request_seq(chunk.seq_id)
+            seq = self._by_seq_id.get(chunk.seq_id)
             if seq is not None and seq.status is SeqStatus.RUNNING:
                 self._finish(seq, FinishReason.ERROR)
-                events.append(self._event(seq, (), "", error=message))
+                events.append(token_event(seq, seq.finish_reason, error=message))
         for slot_id in self.touched_slots(batch):
             self._slots[slot_id].token_ids.clear()
         return events
@@ -433,7 +337,7 @@ class Scheduler:
             slot = self._slots.pick(seq)
             assert slot is not None
         num_reused = self._slots.reuse_prefix(seq, slot, self._running, plan)
-        num_reused = self._restore(seq, slot, num_reused, plan)
+        num_reused = self._restores.restore(seq, slot, num_reused, plan, lambda: self.policy.model.coefficients[1])
         num_new = min(seq.num_tokens - num_reused, plan.budget)
         if not self._is_batch(seq) and seq.num_preemptions == 0:
             self.policy.note_prompt(min(seq.num_tokens - num_reused, self.capacity.max_num_batched_tokens))
@@ -455,35 +359,6 @@ class Scheduler:
         slot.owner = seq
         plan.add(seq, num_new)
         return True
-
-    def _restore(self, seq: Sequence, slot: Slot, num_reused: int, plan: StepPlan) -> int:
-        """Restore the longest saved prefix of `seq` from the disk tier into
-        `slot` when it holds a block more than the slots gave and restoring
-        is predicted faster than computing it. Returns the tokens reused."""
-        disk = self.disk
-        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
-            return num_reused
-        found = disk.longest(seq.token_ids, seq.num_tokens - 1)
-        if found is None or found[0] < num_reused + BLOCK:
-            disk.stats.num_misses += found is None
-            return num_reused
-        num_tokens, key = found
-        if not self._restore_pays(num_tokens - num_reused):
-            return num_reused
-        payload = disk.load(key)
-        if payload is None:  # truncated or corrupt: deleted, a miss
-            disk.stats.num_misses += 1
-            return num_reused
-        self._slots.restore(slot, seq.token_ids[:num_tokens], key, payload, plan)
-        disk.stats.num_hits += 1
-        return num_tokens
-
-    def _restore_pays(self, num_tokens: int) -> bool:
-        """Restoring `num_tokens` beats computing them, as measured so far."""
-        if self._restore_s_per_token is None:
-            return True
-        per_token = self.policy.model.coefficients[1]
-        return self._restore_s_per_token * num_tokens < per_token * num_tokens or per_token <= 0.0
 
     def save_ops(self) -> StepBatch:
         """A step of only `save` edits: every slot's whole blocks the disk tier
@@ -536,96 +411,6 @@ class Scheduler:
         seq.num_preemptions += 1
         self.counters.num_preemptions += 1
 
-    def _add_drafts(self, plan: StepPlan) -> None:
-        """Drafts for the step's decoding sequences, from the budget and KV
-        room the step leaves, as many as pay (speculation.draft_lengths)."""
-        proposals: list[tuple[Sequence, list[int]]] = []
-        for seq, num_new in plan.scheduled.items():
-            if num_new != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
-                continue  # a prompt chunk, or the prompt's last token: no output to draft after yet
-            if not seq.sampling.speculative or self._limited(seq):
-                continue
-            if seq.spec is None:
-                seq.spec = SpecState()
-            # The last sampled token is free; positions stay inside the context.
-            room = min(
-                self._max_draft,
-                seq.sampling.max_tokens - seq.num_output_tokens - 1,
-                self.capacity.n_ctx - seq.num_tokens - 1,
-            )
-            draft_ids = [-1] * room if self._draft_model else seq.spec.drafter.propose(seq.token_ids, room)
-            if draft_ids:
-                proposals.append((seq, draft_ids))
-        if not proposals:
-            return
-        k = draft_lengths(
-            [(seq.spec.acceptance, len(d)) for seq, d in proposals if seq.spec is not None],
-            num_tokens=plan.num_tokens,
-            num_seqs=plan.num_seqs,
-            coefficients=self.policy.model.coefficients,
-            max_draft=self._max_draft,
-        )
-        for seq, draft_ids in proposals:
-            take = min(k, len(draft_ids), plan.budget, self.capacity.kv_tokens - plan.kv_used)
-            if take > 0 and self._draft_model:
-                plan.add_model_drafts(seq, take)
-            elif take > 0:
-                plan.add_drafts(seq, draft_ids[:take])
-            elif seq.spec is not None:
-                seq.spec.rest()
-
-    def _chunk(self, seq: Sequence, num_new: int, draft_ids: Iterable[int] = (), num_model_drafts: int = 0) -> SeqChunk:
-        start = seq.num_computed_tokens
-        drafts = tuple(draft_ids)
-        return SeqChunk(
-            seq_id=seq.seq_id,
-            slot=seq.slot,
-            token_ids=tuple(seq.token_ids[start : start + num_new]) + drafts,
-            start_pos=start,
-            sample=start + num_new == seq.num_tokens,
-            sampling=seq.sampling,
-            num_draft=len(drafts),
-            draft_model_tokens=num_model_drafts,
-        )
-
-    def _append_tokens(self, seq: Sequence, sampled: Iterable[SampledToken]) -> TokenEvent:
-        """Append a step's sampled tokens (one, or more after accepted drafts)
-        in order until one ends the sequence; one event for them all."""
-        emitted: list[int] = []
-        texts: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        for token in sampled:
-            kept, text = self._append_token(seq, token.token_id)
-            emitted += kept
-            texts.append(text)
-            if token.logprob is not None and kept:
-                logprobs.append(token.logprob)
-            if seq.status is SeqStatus.FINISHED:
-                break
-        return self._event(seq, tuple(emitted), "".join(texts), logprobs=tuple(logprobs))
-
-    def _append_token(self, seq: Sequence, token_id: int) -> tuple[tuple[int, ...], str]:
-        """Append one token, end the sequence if it stops it; the token ids
-        to emit and the text it releases."""
-        seq.token_ids.append(token_id)
-        params = seq.sampling
-        may_stop = seq.num_output_tokens > params.min_tokens
-        text = ""
-        emitted: tuple[int, ...] = (token_id,)
-        reason: FinishReason | None
-        is_eog = not params.ignore_eos and token_id in self._eog
-        if may_stop and (is_eog or token_id in params.stop_token_ids):
-            reason, emitted = FinishReason.STOP, ()
-        else:
-            text = seq.output.push(self._token_bytes(token_id))
-            reason = FinishReason.STOP if seq.output.stopped_by is not None else None
-        if reason is None and (seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.capacity.n_ctx):
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            text += seq.output.flush()
-            self._finish(seq, reason)
-        return emitted, text
-
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
             SlotTable.free(self._slots[seq.slot], self._now)
@@ -639,39 +424,6 @@ class Scheduler:
         del self._by_request[seq.request_id]
         del self._by_seq_id[seq.seq_id]
         self._released.append(seq.seq_id)
-
-    def _event(
-        self, seq: Sequence, token_ids: tuple[int, ...], text: str, *, logprobs=(), error: str | None = None
-    ) -> TokenEvent:  # type: ignore[no-untyped-def]
-        return TokenEvent(
-            request_id=seq.request_id,
-            token_ids=token_ids,
-            text=text,
-            logprobs=logprobs,
-            finish_reason=seq.finish_reason,
-            error=error,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_draft_tokens=seq.spec.num_drafted if seq.spec is not None else 0,
-            num_accepted_tokens=seq.spec.num_accepted if seq.spec is not None else 0,
-        )
-
-    def _by_request_seq(self, seq_id: int) -> Sequence | None:
-        return self._by_seq_id.get(seq_id)
-
-    def _count_step(self, batch: StepBatch) -> None:
-        """The one prefill/decode rule (the model's stats read these counters):
-        a chunk that starts past the prompt is decode work, any other chunk
-        prompt work, counted whole."""
-        c = self.counters
-        for chunk in batch.chunks:
-            seq = self._by_request_seq(chunk.seq_id)
-            is_decode = seq is not None and chunk.start_pos >= seq.num_prompt_tokens
-            if is_decode:
-                c.num_decode_tokens += len(chunk.token_ids)
-            else:
-                c.num_prefill_tokens += len(chunk.token_ids)
 
 
 def _order(seq: Sequence) -> tuple[float, float, int]:

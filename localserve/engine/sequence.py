@@ -29,7 +29,7 @@ class Sequence:
     priority: float
     arrival_time: float
     deadline: float  # arrival + priority * aging_s: the scheduling key
-    output: OutputText
+    output: OutputText | None = None  # its text so far (the output processor's)
     status: SeqStatus = SeqStatus.WAITING
     slot: int = -1
     num_computed_tokens: int = 0

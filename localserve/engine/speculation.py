@@ -37,10 +37,18 @@ own recent acceptance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from localserve.engine.types import Capacity, SchedulerConfig, SeqChunk, StepResult
+
+if TYPE_CHECKING:  # sequence.py holds a SpecState per sequence
+    from localserve.engine.kv_slots import StepPlan
+    from localserve.engine.sequence import Sequence
 
 NGRAM_SIZES = (4, 3, 2)  # longest first: a longer match predicts better
 PRIOR_ACCEPTANCE = 0.7  # a new sequence's acceptance rate until it has drafted
@@ -143,6 +151,81 @@ def draft_lengths(
         if rate > best_rate * (1.0 + 1e-9):
             best_k, best_rate = k, rate
     return best_k
+
+
+class DraftPlanner:
+    """The scheduler's speculation step: once a step is planned, its decoding
+    sequences may add drafted tokens with the budget and KV room it leaves,
+    never at another request's cost, as many as `draft_lengths` says pay."""
+
+    def __init__(self, config: SchedulerConfig, capacity: Capacity) -> None:
+        self.max_draft = min(config.draft_max, capacity.max_draft_tokens)
+        self.draft_model = config.speculative == "draft"
+        self._n_ctx = capacity.n_ctx
+        self._kv_tokens = capacity.kv_tokens
+        if config.speculative == "off":
+            self.max_draft = 0
+        elif config.speculative not in ("ngram", "draft"):
+            raise ValueError(f"unknown speculative mode {config.speculative!r} (off, ngram, draft)")
+        elif self.draft_model and not capacity.has_draft_model:
+            raise ValueError("speculative mode 'draft' needs a draft model (--draft-model PATH)")
+
+    def add_drafts(
+        self,
+        plan: StepPlan,
+        coefficients: Callable[[], tuple[float, float, float]],
+        limited: Callable[[Sequence], bool],
+    ) -> None:
+        """Drafts for the step's decoding sequences (not for batch work that
+        is `limited`), from the budget and KV room `plan` leaves, as many as
+        pay under the step-time model's `coefficients()`."""
+        if not self.max_draft:
+            return
+        proposals: list[tuple[Sequence, list[int]]] = []
+        for seq, num_new in plan.scheduled.items():
+            if num_new != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
+                continue  # a prompt chunk, or the prompt's last token: no output to draft after yet
+            if not seq.sampling.speculative or limited(seq):
+                continue
+            if seq.spec is None:
+                seq.spec = SpecState()
+            # The last sampled token is free; positions stay inside the context.
+            room = min(
+                self.max_draft,
+                seq.sampling.max_tokens - seq.num_output_tokens - 1,
+                self._n_ctx - seq.num_tokens - 1,
+            )
+            draft_ids = [-1] * room if self.draft_model else seq.spec.drafter.propose(seq.token_ids, room)
+            if draft_ids:
+                proposals.append((seq, draft_ids))
+        if not proposals:
+            return
+        k = draft_lengths(
+            [(seq.spec.acceptance, len(d)) for seq, d in proposals if seq.spec is not None],
+            num_tokens=plan.num_tokens,
+            num_seqs=plan.num_seqs,
+            coefficients=coefficients(),
+            max_draft=self.max_draft,
+        )
+        for seq, draft_ids in proposals:
+            take = min(k, len(draft_ids), plan.budget, self._kv_tokens - plan.kv_used)
+            if take > 0 and self.draft_model:
+                plan.add_model_drafts(seq, take)
+            elif take > 0:
+                plan.add_drafts(seq, draft_ids[:take])
+            elif seq.spec is not None:
+                seq.spec.rest()
+
+
+def kept_cells(chunk: SeqChunk, result: StepResult) -> tuple[int, ...]:
+    """The tokens whose cells the backend kept after `chunk`: the chunk's own
+    tokens, then each accepted draft, which equals the token sampled before it
+    (the first sampled, then all but the last accepted)."""
+    kept = chunk.token_ids[: len(chunk.token_ids) - chunk.num_draft]
+    accepted = result.accepted.get(chunk.seq_id, ())
+    if accepted:
+        kept += (result.sampled[chunk.seq_id].token_id, *(t.token_id for t in accepted[:-1]))
+    return kept
 
 
 def accept_drafts(

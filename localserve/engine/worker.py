@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localserve.backends.base import GenerativeBackend
+from localserve.engine.output_processor import OutputProcessor
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.queue_count import QueueCount
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -64,12 +65,10 @@ class StepWorker:
         tokenizer = backend.tokenizer()
         self.backend = backend
         self.disk = disk
-        self.scheduler = Scheduler(
-            backend.capacity(),
-            eog_token_ids=tokenizer.eog_token_ids,
-            token_bytes=tokenizer.token_bytes,
-            config=scheduler_config,
-            disk=disk,
+        capacity = backend.capacity()
+        self.scheduler = Scheduler(capacity, config=scheduler_config, disk=disk)
+        self.output = OutputProcessor(
+            eog_token_ids=tokenizer.eog_token_ids, token_bytes=tokenizer.token_bytes, n_ctx=capacity.n_ctx
         )
         self.stats = stats or ModelStats()
         self.snapshot = SchedulerSnapshot()
@@ -203,7 +202,8 @@ class StepWorker:
             self.backend.clear_slots(Scheduler.touched_slots(batch))
             self.backend.release([c.seq_id for c in batch.chunks])
         else:
-            events = self.scheduler.update(batch, result)
+            outputs = self.scheduler.update(batch, result)
+            events = self.scheduler.append_outputs(self.output.process(outputs))  # text and stops
             self.scheduler.observe_step(batch, time.monotonic() - started)  # the step-time model learns
         # The scheduler's counters are the one prefill/decode rule (none move in a failed step).
         self.stats.record_step(

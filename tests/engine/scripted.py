@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from localserve.engine.output_processor import OutputProcessor
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
@@ -220,7 +221,7 @@ class RequestRecord:
 
 
 class Driver:
-    """The step loop (schedule, execute, update) on a fake clock."""
+    """The step loop (schedule, execute, update, output processing) on a fake clock."""
 
     def __init__(
         self,
@@ -238,9 +239,8 @@ class Driver:
         self.step_cost = step_cost
         self.backend = ScriptedBackend(capacity, next_token, draft_token)
         self.disk = disk
-        self.scheduler = Scheduler(
-            capacity, eog_token_ids={EOS}, token_bytes=token_bytes, config=config, clock=self.clock, disk=disk
-        )
+        self.scheduler = Scheduler(capacity, config=config, clock=self.clock, disk=disk)
+        self.output = OutputProcessor(eog_token_ids={EOS}, token_bytes=token_bytes, n_ctx=capacity.n_ctx)
         self.records: dict[str, RequestRecord] = {}
         self.seq_ids: dict[str, int] = {}
         self.batches: list[StepBatch] = []
@@ -273,7 +273,8 @@ class Driver:
         seconds = self.step_s if self.step_cost is None else self.step_cost(batch.num_tokens, len(batch.chunks))
         self.clock.advance(seconds)
         self.scheduler.observe_step(batch, seconds)
-        for event in self.scheduler.update(batch, result):
+        outputs = self.scheduler.update(batch, result)
+        for event in self.scheduler.append_outputs(self.output.process(outputs)):
             self._record(event)
         self._check_kv_agrees()
         self._check_queue()
