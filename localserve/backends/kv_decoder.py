@@ -36,7 +36,16 @@ import numpy as np
 from localserve.backends.base import GenerativeBackend
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, token_logprob
-from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
+from localserve.engine.types import (
+    Capacity,
+    KvOp,
+    KvOpKind,
+    SampledToken,
+    SamplingParams,
+    SeqChunk,
+    StepBatch,
+    StepResult,
+)
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 
 GRAMMAR_UNSUPPORTED = "grammar/JSON mode needs the llama.cpp backend"
@@ -218,10 +227,10 @@ class KvDecoderBackend(GenerativeBackend):
 
     def _apply_kv_ops(self, kv_ops: Sequence[KvOp]) -> None:
         for op in kv_ops:
-            if op.kind == "keep":
+            if op.kind == KvOpKind.KEEP:
                 slot = self._slots[op.slot]
                 slot.num_tokens = min(slot.num_tokens, op.num_tokens)
-            elif op.kind == "copy":
+            elif op.kind == KvOpKind.COPY:
                 self._slots[op.slot].copy_from(self._slots[op.src], op.num_tokens)
             else:
                 raise BackendError(f"unknown KV operation {op.kind!r}")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from localserve.engine.sequence import Sequence, Slot, common_prefix_len
-from localserve.engine.types import KvOp, SeqChunk, StepBatch, StepResult
+from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepBatch, StepResult
 
 
 class StepPlan:
@@ -135,10 +135,10 @@ class SlotTable:
         self.save(slot, num_copy if best_src is None else 0, plan)
         plan.kv_used -= len(slot.token_ids)
         if best_src is not None:
-            plan.kv_ops.append(KvOp("copy", slot.slot_id, num_copy, src=best_src.slot_id))
+            plan.kv_ops.append(KvOp(KvOpKind.COPY, slot.slot_id, num_copy, src=best_src.slot_id))
             slot.token_ids = best_src.token_ids[:num_copy]
         elif len(slot.token_ids) != num_own:
-            plan.kv_ops.append(KvOp("keep", slot.slot_id, num_own))
+            plan.kv_ops.append(KvOp(KvOpKind.KEEP, slot.slot_id, num_own))
             del slot.token_ids[num_own:]
         plan.kv_used += len(slot.token_ids)
         return len(slot.token_ids)
@@ -147,7 +147,7 @@ class SlotTable:
         """Load a saved prefix (`token_ids`, whole blocks) from the disk tier into `slot`."""
         self.save(slot, 0, plan)
         plan.kv_used += len(token_ids) - len(slot.token_ids)
-        plan.kv_ops.append(KvOp("restore", slot.slot_id, len(token_ids), key=key, payload=payload))
+        plan.kv_ops.append(KvOp(KvOpKind.RESTORE, slot.slot_id, len(token_ids), key=key, payload=payload))
         slot.token_ids = list(token_ids)
 
     def save(self, slot: Slot, num_kept: int, plan: StepPlan) -> None:
@@ -162,7 +162,7 @@ class SlotTable:
         key = chain_hashes(self.disk.identity, slot.token_ids[:num_blocks])[-1]
         if self.disk.has(key):
             return
-        plan.kv_ops.append(KvOp("save", slot.slot_id, num_blocks, key=key))
+        plan.kv_ops.append(KvOp(KvOpKind.SAVE, slot.slot_id, num_blocks, key=key))
         plan.kv_used -= len(slot.token_ids) - num_blocks
         del slot.token_ids[num_blocks:]
 
@@ -185,7 +185,7 @@ class SlotTable:
         self.save(slot, 0, plan)
         plan.kv_used -= len(slot.token_ids)
         slot.token_ids.clear()
-        plan.kv_ops.append(KvOp("keep", slot.slot_id, 0))
+        plan.kv_ops.append(KvOp(KvOpKind.KEEP, slot.slot_id, 0))
 
     @staticmethod
     def free(slot: Slot, now: float) -> None:
@@ -238,7 +238,7 @@ class DiskRestores:
         """Learn what a restored token costs; a restore the backend refused
         leaves its slot empty, and its file is not tried again."""
         disk = self._slots.disk
-        restores = [op for op in batch.kv_ops if op.kind == "restore"]
+        restores = [op for op in batch.kv_ops if op.kind == KvOpKind.RESTORE]
         if not restores or disk is None:
             return
         for op in restores:

@@ -169,6 +169,15 @@ class SeqChunk:
     draft_model_tokens: int = 0  # the backend's draft model proposes up to this many drafts after the last token
 
 
+class KvOpKind(enum.StrEnum):
+    """What a `KvOp` does to its slot."""
+
+    KEEP = "keep"
+    COPY = "copy"
+    SAVE = "save"
+    RESTORE = "restore"
+
+
 @dataclass(frozen=True, slots=True)
 class KvOp:
     """A KV-cache edit applied before the step's forward pass, in order.
@@ -182,7 +191,7 @@ class KvOp:
     cells) into it.
     """
 
-    kind: str  # "keep" | "copy" | "save" | "restore"
+    kind: KvOpKind
     slot: int
     num_tokens: int
     src: int = -1

@@ -27,6 +27,7 @@ from localserve.engine.types import (
     Capacity,
     GenerateRequest,
     KvOp,
+    KvOpKind,
     SampledToken,
     SamplingParams,
     SeqChunk,
@@ -167,18 +168,18 @@ class ScriptedBackend:
 
     def _apply(self, op: KvOp) -> None:
         slot = self.slots[op.slot]
-        if op.kind == "keep":
+        if op.kind == KvOpKind.KEEP:
             assert op.num_tokens <= len(slot), f"keep {op.num_tokens} of {len(slot)} cells"
             del slot[op.num_tokens :]
-        elif op.kind == "copy":
+        elif op.kind == KvOpKind.COPY:
             source = self.slots[op.src]
             assert op.src != op.slot and op.num_tokens <= len(source), f"bad copy {op}"
             self.slots[op.slot] = source[: op.num_tokens]
-        elif op.kind == "save":  # the "state" of a slot is its tokens, as int32s
+        elif op.kind == KvOpKind.SAVE:  # the "state" of a slot is its tokens, as int32s
             assert op.key and op.num_tokens <= len(slot), f"bad save {op}"
             del slot[op.num_tokens :]
             self.saved[op.key] = (op.num_tokens, array.array("i", slot).tobytes())
-        elif op.kind == "restore":
+        elif op.kind == KvOpKind.RESTORE:
             restored = array.array("i")
             restored.frombytes(op.payload)
             assert len(restored) == op.num_tokens, f"bad restore {op}"

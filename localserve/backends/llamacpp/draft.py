@@ -28,7 +28,7 @@ import numpy as np
 
 from localserve.backends.llamacpp.devices import load_model
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
-from localserve.engine.types import KvOp, SeqChunk, StepBatch
+from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepBatch
 from localserve.errors import BackendError, LocalServeError
 
 log = logging.getLogger(__name__)
@@ -91,9 +91,9 @@ class DraftModel:
     def follow_kv_ops(self, kv_ops: Sequence[KvOp]) -> None:
         """The target's KV edits, applied to the record of what its slots hold."""
         for op in kv_ops:
-            if op.kind == "keep":
+            if op.kind == KvOpKind.KEEP:
                 del self._target.setdefault(op.slot, [])[op.num_tokens :]
-            elif op.kind == "copy":
+            elif op.kind == KvOpKind.COPY:
                 self._target[op.slot] = self._target.get(op.src, [])[: op.num_tokens]
 
     def drafts_for(self, batch: StepBatch) -> dict[int, list[int]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import llama_cpp
 
 from localserve.backends.llamacpp import selfcheck
-from localserve.engine.types import KvOp
+from localserve.engine.types import KvOp, KvOpKind
 from localserve.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -36,19 +36,19 @@ def apply_kv_ops(
     """Apply a step's KV edits in order (see `KvOp`)."""
     state = KvEdits()
     for op in kv_ops:
-        if op.kind == "keep":
+        if op.kind == KvOpKind.KEEP:
             llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
-        elif op.kind == "copy":
+        elif op.kind == KvOpKind.COPY:
             llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
             if split_kv:  # across streams llama.cpp copies whole streams only: copy, then trim
                 llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, -1, -1)
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
             else:
                 llama_cpp.llama_memory_seq_cp(mem, op.src, op.slot, 0, op.num_tokens)
-        elif op.kind == "save":
+        elif op.kind == KvOpKind.SAVE:
             llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)
             state.saved[op.key] = (op.num_tokens, seq_state(ctx, op.slot))
-        elif op.kind == "restore":
+        elif op.kind == KvOpKind.RESTORE:
             started = time.perf_counter()
             llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
             if not set_seq_state(ctx, op.slot, op.payload):
