@@ -21,7 +21,7 @@ from localserve.engine.counters import SchedulerCounters
 from localserve.engine.kv_slots import DiskRestores, SlotTable, StepPlan
 from localserve.engine.output_processor import ProcessedOutput, SeqOutput, token_event
 from localserve.engine.prefix_disk import DiskPrefixStore
-from localserve.engine.sequence import SeqStatus, Sequence, Slot
+from localserve.engine.sequence import SeqStatus, Sequence, SequenceTable, Slot
 from localserve.engine.speculation import DraftPlanner, kept_cells
 from localserve.engine.types import (
     Capacity,
@@ -56,17 +56,8 @@ class Scheduler:
         self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
         self.disk = self._slots.disk
         self._restores = DiskRestores(self._slots)
-        self._waiting: list[Sequence] = []
-        self._running: list[Sequence] = []
-        self._by_request: dict[str, Sequence] = {}
-        self._by_seq_id: dict[int, Sequence] = {}
-        self._next_seq_id = 0
-        # Waiting sequences no schedule() has seen yet (their seq ids are at
-        # least `_new_from`): the next one may still give them free slots.
-        self._num_new = 0
-        self._new_from = 0
+        self._seqs = SequenceTable()
         self._step_ids = itertools.count()
-        self._released: list[int] = []
         self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
         self.policy = BatchPolicy(self.config)
         self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
@@ -81,31 +72,17 @@ class Scheduler:
             raise ValueError("the prompt is empty")
         if num_prompt >= self.capacity.n_ctx:
             raise ValueError(f"the prompt has {num_prompt} tokens; the context holds {self.capacity.n_ctx}")
-        if request.request_id in self._by_request:
+        if request.request_id in self._seqs.by_request:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         now = self._now = self._clock()
         if request.priority < self.config.batch_priority:
             self.policy.note_arrival(now)
-        seq = Sequence(
-            seq_id=self._next_seq_id,
-            request_id=request.request_id,
-            token_ids=list(request.prompt_token_ids),
-            num_prompt_tokens=num_prompt,
-            sampling=request.sampling,
-            priority=request.priority,
-            arrival_time=now,
-            deadline=now + request.priority * self.config.aging_s,
-        )
-        self._next_seq_id += 1
-        self._by_request[request.request_id] = seq
-        self._by_seq_id[seq.seq_id] = seq
-        self._waiting.append(seq)
-        self._num_new += 1
+        self._seqs.add(request, now, self.config.aging_s)
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """End a request now (between steps). Returns its final event, or None
         if it is unknown or already finished."""
-        seq = self._by_request.get(request_id)
+        seq = self._seqs.by_request.get(request_id)
         if seq is None:
             return None
         self._now = self._clock()
@@ -113,32 +90,32 @@ class Scheduler:
         return token_event(seq, seq.finish_reason)
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._seqs.waiting or self._seqs.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._seqs.waiting)
 
     @property
     def num_new(self) -> int:
         """Waiting sequences added since the last schedule(), which may yet
         give them free slots."""
-        return self._num_new
+        return self._seqs.num_new
 
     @property
     def num_held(self) -> int:
         """Waiting sequences that a schedule() left waiting: for a slot, for
         KV room, by the batch rules or the token budget, or preempted. The
         queue, as the queue limit counts it."""
-        return len(self._waiting) - self._num_new
+        return len(self._seqs.waiting) - self._seqs.num_new
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self._seqs.running)
 
     def sequences(self) -> list[Sequence]:
         """Unfinished sequences, running first (for stats; do not mutate)."""
-        return self._running + self._waiting
+        return self._seqs.running + self._seqs.waiting
 
     def kv_used(self) -> int:
         return self._slots.kv_used()
@@ -148,13 +125,13 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         """Choose the next step's KV edits and token chunks."""
         plan = StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
-        others = [s for s in itertools.chain(self._running, self._waiting) if not self._is_batch(s)]
+        others = [s for s in itertools.chain(self._seqs.running, self._seqs.waiting) if not self._is_batch(s)]
         alone = self.policy.update_mode(bool(others), self._now)
         # Batch work that aging has put ahead of every other request is not limited.
         self._limit_after = math.inf if alone else min((s.deadline for s in others), default=self._now)
         prompt_work: list[Sequence] = []
         batch_decodes: list[Sequence] = []
-        for seq in sorted(self._running, key=_decode_first):
+        for seq in sorted(self._seqs.running, key=_decode_first):
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 prompt_work.append(seq)
             elif self._limited(seq):
@@ -166,7 +143,7 @@ class Scheduler:
         # Running batch decodes go before new batch prompt work, so room is kept
         # for them; not when another request's prompt is due (they would sit out
         # its step), unless that prompt then finds no slot.
-        prompt_due = any(not self._is_batch(s) for s in itertools.chain(prompt_work, self._waiting))
+        prompt_due = any(not self._is_batch(s) for s in itertools.chain(prompt_work, self._seqs.waiting))
         num_kept = 0
         if not prompt_due:
             num_kept = min(gate.num_decodes(plan.num_tokens, plan.num_seqs, len(batch_decodes)), plan.budget)
@@ -179,8 +156,7 @@ class Scheduler:
             self._schedule_batch_decodes(batch_decodes, plan, num_kept)
         self._drafts.add_drafts(plan, lambda: self.policy.model.coefficients, self._limited)
         self._record_policy_step(plan)
-        self._num_new, self._new_from = 0, self._next_seq_id  # every waiting sequence was considered
-        released, self._released = tuple(self._released), []
+        released = self._seqs.all_seen()
         return StepBatch(
             step_id=next(self._step_ids),
             kv_ops=tuple(plan.kv_ops),
@@ -200,11 +176,11 @@ class Scheduler:
         self._now = self._clock()
         outputs: list[SeqOutput] = []
         for chunk in batch.chunks:
-            seq = self._by_seq_id.get(chunk.seq_id)
+            seq = self._seqs.by_seq_id.get(chunk.seq_id)
             self.counters.count_chunk(chunk, seq.num_prompt_tokens if seq is not None else None)
         self._restores.observe(batch, result)
         for chunk in batch.chunks:
-            seq = self._by_seq_id.get(chunk.seq_id)
+            seq = self._seqs.by_seq_id.get(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue
             if chunk.slot in result.restore_failed:  # the slot is empty and the chunk was not computed
@@ -242,7 +218,7 @@ class Scheduler:
         clear `touched_slots(batch)` in the backend."""
         events = []
         for chunk in batch.chunks:
-            seq = self._by_seq_id.get(chunk.seq_id)
+            seq = self._seqs.by_seq_id.get(chunk.seq_id)
             if seq is not None and seq.status is SeqStatus.RUNNING:
                 self._finish(seq, FinishReason.ERROR)
                 events.append(token_event(seq, seq.finish_reason, error=message))
@@ -284,9 +260,9 @@ class Scheduler:
         beside the `num_kept` batch decodes still to come, and stays out of a
         step that computes another request's prompt. Returns whether this
         step computes one."""
-        waiting = set(self._waiting)
+        waiting = set(self._seqs.waiting)
         admitting, others_prompting = True, False
-        for seq in sorted(prompt_work + self._waiting, key=_order):
+        for seq in sorted(prompt_work + self._seqs.waiting, key=_order):
             if plan.budget <= 0:
                 break
             limited = self._limited(seq)
@@ -318,13 +294,13 @@ class Scheduler:
                 num_seqs -= seq in plan.scheduled
 
     def _record_policy_step(self, plan: StepPlan) -> None:
-        num_batch = sum(1 for s in itertools.chain(self._running, self._waiting) if self._is_batch(s))
+        num_batch = sum(1 for s in itertools.chain(self._seqs.running, self._seqs.waiting) if self._is_batch(s))
         in_step = sum(1 for s in plan.scheduled if self._is_batch(s))
         lent = max(0, self._num_batch_running() - self._max_batch_seqs)
         self.policy.record_step(in_step, num_batch - in_step, lent)
 
     def _num_batch_running(self) -> int:
-        return sum(1 for s in self._running if self._is_batch(s))
+        return sum(1 for s in self._seqs.running if self._is_batch(s))
 
     def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
         """Give a waiting sequence a slot and its first chunk. False: stop admitting."""
@@ -336,7 +312,7 @@ class Scheduler:
             self._preempt(victim, plan, keep_cache=True)
             slot = self._slots.pick(seq)
             assert slot is not None
-        num_reused = self._slots.reuse_prefix(seq, slot, self._running, plan)
+        num_reused = self._slots.reuse_prefix(seq, slot, self._seqs.running, plan)
         num_reused = self._restores.restore(seq, slot, num_reused, plan, lambda: self.policy.model.coefficients[1])
         num_new = min(seq.num_tokens - num_reused, plan.budget)
         if not self._is_batch(seq) and seq.num_preemptions == 0:
@@ -348,9 +324,7 @@ class Scheduler:
             if victim is None:
                 return False  # the trimmed slot stays free, its prefix cached
             self._preempt(victim, plan, keep_cache=False)
-        self._waiting.remove(seq)
-        self._running.append(seq)
-        seq.status = SeqStatus.RUNNING
+        self._seqs.start(seq)
         seq.slot = slot.slot_id
         seq.num_computed_tokens = num_reused
         if seq.num_preemptions == 0:
@@ -375,7 +349,7 @@ class Scheduler:
                 continue
             if protect is None:
                 return False
-            victims = [s for s in self._running if s is not protect and _order(s) > _order(protect)]
+            victims = [s for s in self._seqs.running if s is not protect and _order(s) > _order(protect)]
             if not victims:
                 return False
             self._preempt(max(victims, key=_order), plan, keep_cache=False)
@@ -387,13 +361,13 @@ class Scheduler:
         if self._is_batch(waiting) or self._num_batch_running() <= self._max_batch_seqs:
             return None
         self.policy.num_slots_returned += 1
-        return max((s for s in self._running if self._is_batch(s)), key=_order)
+        return max((s for s in self._seqs.running if self._is_batch(s)), key=_order)
 
     def _victim(self, waiting: Sequence) -> Sequence | None:
         """The running sequence `waiting` may preempt, if any."""
-        if not self._running:
+        if not self._seqs.running:
             return None
-        victim = max(self._running, key=_order)
+        victim = max(self._seqs.running, key=_order)
         margin = self.config.preempt_margin * self.config.aging_s
         return victim if waiting.deadline < victim.deadline - margin else None
 
@@ -403,9 +377,7 @@ class Scheduler:
         SlotTable.free(slot, self._now)
         if not keep_cache:
             self._slots.clear(slot, plan)
-        self._running.remove(seq)
-        self._waiting.append(seq)
-        seq.status = SeqStatus.WAITING
+        self._seqs.requeue(seq)
         seq.slot = -1
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -414,16 +386,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
             SlotTable.free(self._slots[seq.slot], self._now)
-            self._running.remove(seq)
-        elif seq.status is SeqStatus.WAITING:
-            self._waiting.remove(seq)
-            if seq.seq_id >= self._new_from:
-                self._num_new -= 1
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
-        del self._by_request[seq.request_id]
-        del self._by_seq_id[seq.seq_id]
-        self._released.append(seq.seq_id)
+        self._seqs.finish(seq, reason)
 
 
 def _order(seq: Sequence) -> tuple[float, float, int]:

@@ -1,4 +1,4 @@
-"""A sequence's state as the scheduler sees it, and the KV slots it lives in."""
+"""A sequence's state as the scheduler sees it, the table of unfinished ones, and the KV slots they live in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from localserve.engine.output import OutputText
 from localserve.engine.speculation import SpecState
-from localserve.engine.types import FinishReason, SamplingParams
+from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams
 
 
 class SeqStatus(enum.Enum):
@@ -45,6 +45,74 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+
+class SequenceTable:
+    """The unfinished sequences, waiting and running, by request id and by seq
+    id; the ids of those that ended since the last step; and how many waiting
+    ones no schedule() has seen yet (the next one may still give them free
+    slots: the queue limit counts them apart)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.by_request: dict[str, Sequence] = {}
+        self.by_seq_id: dict[int, Sequence] = {}
+        self.num_new = 0
+        self._next_seq_id = 0
+        self._new_from = 0  # new waiting sequences have seq ids from here on
+        self._released: list[int] = []
+
+    def add(self, request: GenerateRequest, now: float, aging_s: float) -> Sequence:
+        """A waiting sequence for `request`, arrived `now`."""
+        seq = Sequence(
+            seq_id=self._next_seq_id,
+            request_id=request.request_id,
+            token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+            sampling=request.sampling,
+            priority=request.priority,
+            arrival_time=now,
+            deadline=now + request.priority * aging_s,
+        )
+        self._next_seq_id += 1
+        self.by_request[seq.request_id] = seq
+        self.by_seq_id[seq.seq_id] = seq
+        self.waiting.append(seq)
+        self.num_new += 1
+        return seq
+
+    def start(self, seq: Sequence) -> None:
+        """A waiting sequence runs."""
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+
+    def requeue(self, seq: Sequence) -> None:
+        """A running sequence waits again (preempted)."""
+        self.running.remove(seq)
+        self.waiting.append(seq)
+        seq.status = SeqStatus.WAITING
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+            if seq.seq_id >= self._new_from:
+                self.num_new -= 1
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        del self.by_request[seq.request_id]
+        del self.by_seq_id[seq.seq_id]
+        self._released.append(seq.seq_id)
+
+    def all_seen(self) -> tuple[int, ...]:
+        """A schedule() considered every waiting sequence: none is new. Returns
+        the seq ids that ended since the last one (the backend releases them)."""
+        self.num_new, self._new_from = 0, self._next_seq_id
+        released, self._released = tuple(self._released), []
+        return released
 
 
 @dataclass(slots=True, eq=False)
