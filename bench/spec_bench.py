@@ -4,9 +4,10 @@ without speculation and with each of its n-gram types.
 
 Workloads (SmolLM2-135M-Instruct Q4_1, temperature 0 for edit, 0.7 for chat):
 
-* edit  a ~400-token Python file in the prompt, "rename one variable and
-        return the whole file": output about as long as the file, copied
-        mostly from the prompt (what prompt-lookup drafts suit).
+* edit  a ~480-token Python file in the prompt, "rename one function and
+        return the whole file", the answer started inside a code block
+        (/v1/completions, the model's ChatML): ~320 tokens out, copied mostly
+        from the prompt (what prompt-lookup drafts suit).
 * chat  32-word questions, 128 tokens each: little to copy (the adaptive
         rule must keep speculation from costing anything).
 
@@ -108,9 +109,12 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 """
+# A raw ChatML prompt whose answer opens the code block (/v1/completions): asked in a chat message,
+# SmolLM2-135M mostly describes the file instead of returning it; started inside the block, it copies it.
 EDIT_PROMPT = (
-    "Rename the variable `items` to `products` everywhere in this file and return the whole file, "
-    f"nothing else:\n\n```python\n{EDIT_SOURCE}```"
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nRename the function `cheapest` to `lowest_price` in this file and return the whole file:"
+    f"\n\n```python\n{EDIT_SOURCE}```<|im_end|>\n<|im_start|>assistant\n```python\n"
 )
 CHAT_TOPICS = [
     "the history of the bicycle",
@@ -156,7 +160,7 @@ def specs(args: argparse.Namespace, model_path: str, ports: dict[str, int]) -> d
         "llama-server", [str(args.llama_server), "-m", model_path, *base.split()], "/health"
     )
     for kind in LLAMA_SPEC_TYPES:
-        extra = f"--spec-type {kind} --draft-max {args.draft_max}".split()
+        extra = ["--spec-type", kind]  # its own draft lengths (this llama-server has no --draft-max)
         argv = [str(args.llama_server), "-m", model_path, *base.split(), *extra]
         out[f"llama-server-{kind}"] = ServerSpec(f"llama-server-{kind}", argv, "/health")
     for name, spec in out.items():
@@ -172,7 +176,7 @@ async def run_cell(url: str, workload: str, streams: int) -> dict[str, float]:
     per_stream = 1 if workload == "edit" else 2
     body: dict[str, Any] = {"model": MODEL_ID, "stream": False}
     if workload == "edit":
-        body |= {"max_tokens": 700, "temperature": 0.0}
+        body |= {"max_tokens": 700, "temperature": 0.0, "stop": ["```"]}
     else:
         body |= {"max_tokens": 128, "temperature": 0.7, "seed": 1}
     timeout = aiohttp.ClientTimeout(total=900)
@@ -181,9 +185,12 @@ async def run_cell(url: str, workload: str, streams: int) -> dict[str, float]:
         async def stream(index: int) -> int:
             tokens = 0
             for r in range(per_stream):
-                text = EDIT_PROMPT if workload == "edit" else chat_prompt(index * per_stream + r)
-                payload = body | {"messages": [{"role": "user", "content": text}]}
-                async with session.post(f"{url}/v1/chat/completions", json=payload) as response:
+                if workload == "edit":
+                    path, payload = "/v1/completions", body | {"prompt": EDIT_PROMPT}
+                else:
+                    text = chat_prompt(index * per_stream + r)
+                    path, payload = "/v1/chat/completions", body | {"messages": [{"role": "user", "content": text}]}
+                async with session.post(f"{url}{path}", json=payload) as response:
                     data = await response.json()
                     if response.status != 200:
                         raise RuntimeError(f"{url}: {response.status} {data}")
