@@ -16,8 +16,8 @@ cell once, in an order that rotates from pair to pair, so drift of the
 machine's speed (±30% over minutes here) falls on all alike. A cell's figure
 for a server is generated tokens / wall time of the cell; the table gives the
 median over pairs of the per-pair ratio against each reference, with the
-spread (min..max). Every pair starts after the 1-minute load average is below
-0.5 (recorded).
+spread (min..max). Every cell starts after the 1-minute load average is below
+0.5; the load before each pair is recorded.
 
     python bench/spec_bench.py --pairs 5 --out bench/results/spec.json
     python bench/spec_bench.py --cells edit:1 --servers localserve-ngram,llama-server --pairs 3   # a smaller run
@@ -256,9 +256,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for workload, streams in cells:
             cell = f"{workload}:{streams}"
-            members = [s for s in servers if streams <= 4 or not s.spec.name.startswith("llama-server-")]
+            # llama-server's n-gram types are peers for the edit workload at 1 and 4 streams.
+            speculating_peers = workload == "edit" and streams <= 4
+            members = [s for s in servers if speculating_peers or not s.spec.name.startswith("llama-server-")]
+            load = os.getloadavg()[0] if args.no_quiet_wait else wait_for_quiet()  # the cell starts quiet
             for pair in range(args.pairs):
-                load = os.getloadavg()[0] if args.no_quiet_wait else wait_for_quiet()
+                load = os.getloadavg()[0] if pair else load
                 order = members[pair % len(members) :] + members[: pair % len(members)]
                 results = {}
                 for server in order:
