@@ -17,7 +17,7 @@ from localserve.serving.types import ChatRequest
 async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -> Answer:
     """Validate, build the prompt and queue the choices of a chat request."""
     model = await open_chat_model(host, request.model)
-    plan = plan_tools(request.tools)
+    plan = plan_tools(request.tools, model.tokenizer)
     if plan is not None and request.output is not None:
         param = request.output.param
         raise InvalidRequestError(

@@ -18,14 +18,36 @@ blocks, results in a user turn, as Qwen's template does).
 
 **Grammar.** One GBNF grammar, compiled by llama.cpp like `response_format`'s:
 
-* `required` or a named function: `root ::= calls`, so the answer *is* one
-  or more calls (one with `parallel_tool_calls: false`, else at most
-  `MAX_PARALLEL_CALLS`);
+* a named function (OpenAI's forced function, Anthropic's `tool`): `root ::=
+  ls-call`, exactly one call of it, whatever `parallel_tool_calls` says;
+* `required` (Anthropic's `any`): one call with `parallel_tool_calls: false`
+  (`disable_parallel_tool_use`), else one or more, at most
+  `MAX_PARALLEL_CALLS`: after each closed call the model either ends or
+  writes a newline and the next call. This is OpenAI's contract ("one or
+  more"), as vLLM serves it; llama.cpp's server instead defaults to one. A
+  model that was not trained on tool calls (SmolLM2) tends to go on to the
+  limit, repeating itself, so ask for `parallel_tool_calls: false` when one
+  call is what you want;
 * `auto`: `root ::= calls | text`, where `text` is anything that does not
   start with `<` (after at most four spaces). The first character decides:
   `<` commits the model to a well-formed call, anything else to free text.
   So a reply either starts with calls or is plain text; a call written in
   the middle of text is not recognised (it is not constrained either).
+
+Once the last call the grammar allows is closed, the grammar accepts only
+an end-of-generation token, so the answer ends right there (finish reason
+`tool_calls`, stop reason `tool_use`) instead of running on to `max_tokens`.
+
+The text every call has around its arguments (`<tool_call>\n{"name":
+"NAME", "arguments":` and `\n</tool_call>`) is spelled in the model's own
+tokens when the plan knows the model's tokenizer: the canonical tokens, and
+only those. Written as characters, the model could spell it many ways ("get"
+or "g" + "et" for `get_weather`), and where a forced call takes the model
+away from what it wanted to say all those spellings are improbable and
+nearly tied: the few-ULP differences between a prompt computed whole,
+from the prefix cache, or beside other sequences then flip which spelling
+wins, and the rest of the reply with it. With one spelling there is nothing
+to flip, and the arguments follow the text the model was trained on.
 
 Each call's `arguments` follow the function's `parameters` schema through
 llama-cpp-python's own JSON-schema converter, so they always parse and
@@ -45,6 +67,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.errors import InvalidRequestError
 from localserve.serving.types import FunctionTool, Tools
@@ -79,23 +102,27 @@ class ToolPlan:
         return [tool["function"]["name"] for tool in self.tools]
 
 
-def plan_tools(tools: Tools | None) -> ToolPlan | None:
-    """The plan for `tools` under their choice; None when no tool may be called."""
+def plan_tools(tools: Tools | None, tokenizer: Tokenizer | None = None) -> ToolPlan | None:
+    """The plan for `tools` under their choice; None when no tool may be called.
+    With the model's `tokenizer`, the grammar spells the calls' fixed text in
+    its tokens (module docstring)."""
     if tools is None or not tools.functions or tools.choice == "none":
         return None
     selected = list(tools.functions)
     if tools.choice == "named":
         selected = [function for function in selected if function.name == tools.name]
     required = tools.choice in ("required", "named")
+    parallel = tools.parallel and tools.choice != "named"  # a named function is called once
     objects = tuple(_tool_object(function) for function in selected)
     functions = json.dumps([tool["function"] for tool in objects], sort_keys=True)
+    spellings = _spellings([tool["function"]["name"] for tool in objects], tokenizer) if tokenizer else ()
     try:
-        grammar = _grammar(functions, required=required, parallel=tools.parallel)
+        grammar = _grammar(functions, required=required, parallel=parallel, spellings=spellings)
     except Exception as exc:  # the converter raises assorted errors (even AssertionError)
         raise InvalidRequestError(
             f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools"
         ) from None
-    return ToolPlan(objects, required, tools.parallel, grammar)
+    return ToolPlan(objects, required, parallel, grammar)
 
 
 def _tool_object(tool: FunctionTool) -> dict[str, Any]:
@@ -200,19 +227,48 @@ def _literal(text: str) -> str:
     return f'"{escaped}"'
 
 
+def _head(name: str) -> str:
+    """A call's text up to its arguments (the space before them is left to
+    the model, which writes it together with the arguments' first characters)."""
+    return f'{TOOL_OPEN}\n{{"name": {json.dumps(name)}, "arguments":'
+
+
+_CLOSE = f"\n{TOOL_CLOSE}"
+
+Spellings = tuple[tuple[str, tuple[int, ...]], ...]  # fixed text -> the token ids that spell it
+
+
+def _spellings(names: Sequence[str], tokenizer: Tokenizer) -> Spellings:
+    """The model's canonical tokens for each call's fixed text; text whose
+    tokens do not give it back exactly (a tokenizer that adds a leading
+    space, say) is left out and stays characters."""
+    out = []
+    for text in [*(_head(name) for name in names), _CLOSE]:
+        ids = tuple(tokenizer.encode(text, add_special=False, parse_special=True))
+        if ids and tokenizer.decode(ids) == text:
+            out.append((text, ids))
+    return tuple(out)
+
+
+def _fixed(text: str, spellings: dict[str, tuple[int, ...]]) -> str:
+    """GBNF for fixed text: its tokens where known, else its characters."""
+    ids = spellings.get(text)
+    return " ".join(f"<[{token}]>" for token in ids) if ids else _literal(text)
+
+
 @lru_cache(maxsize=64)
-def _grammar(functions_json: str, *, required: bool, parallel: bool) -> str:
+def _grammar(functions_json: str, *, required: bool, parallel: bool, spellings: Spellings = ()) -> str:
     from llama_cpp.llama_grammar import SchemaConverter  # heavy import, only when asked
 
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    spelled = dict(spellings)
     alternatives = []
     for i, function in enumerate(json.loads(functions_json)):
         schema = converter.resolve_refs(copy.deepcopy(function["parameters"]), f"tool{i}")
         args_rule = converter.visit(schema, f"tool{i}-args")
-        head = _literal('{"name": ' + json.dumps(function["name"]) + ', "arguments": ')
-        alternatives.append(f'{head} {args_rule} "}}"')
+        alternatives.append(f'{_fixed(_head(function["name"]), spelled)} " " {args_rule}')
     rules = [
-        f"ls-call ::= {_literal(TOOL_OPEN + chr(10))} ( {' | '.join(alternatives)} ) {_literal(chr(10) + TOOL_CLOSE)}",
+        f'ls-call ::= ( {" | ".join(alternatives)} ) "}}" {_fixed(_CLOSE, spelled)}',
         f'ls-calls ::= ls-call ( "\\n" ls-call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "ls-calls ::= ls-call",
     ]
     if required:
