@@ -14,8 +14,9 @@ STAMP := $(VENV)/.installed
 CONVERT_STAMP := $(VENV)/.installed-convert
 DEV_STAMP := $(VENV)/.installed-dev
 # llama.cpp is built from source for this machine's CPU (native: AVX-512
-# where present; measured 222 against 193 tok/s at 16 sequences for a portable
-# -DGGML_NATIVE=OFF build) by scripts/llama_wheel.py, which keeps a build only
+# where present; on a 2-core AMD EPYC with AVX-512 it measured 1.00x / 0.89x a
+# portable -DGGML_NATIVE=OFF build at 1 / 16 sequences, bench/build_compare.py)
+# by scripts/llama_wheel.py, which keeps a build only
 # after it decodes the default model in a child process on this CPU. Native
 # builds leave out AMX: in llama-cpp-python 0.3.36 ggml's AMX kernels die with
 # SIGILL at the first decode on Xeons that report AMX, and no probe predicts it
