@@ -186,14 +186,7 @@ def _decode_check(model_path: str, threads: int, mode: str = "generate") -> str:
     if mode == "embed":
         return _embed_check(model_path, threads)
 
-    llama_cpp.llama_backend_init()
-    silence = llama_cpp.llama_log_callback(lambda level, text, user: None)
-    llama_cpp.llama_log_set(silence, None)
-    params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = 0
-    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
-    if not model:
-        raise SystemExit(f"llama.cpp could not load {model_path}")
+    model = _load(model_path)
     n_seqs, n_ctx_seq = 8, 128
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch, cparams.n_seq_max = n_seqs * n_ctx_seq, 512, n_seqs
@@ -242,18 +235,29 @@ def _decode_check(model_path: str, threads: int, mode: str = "generate") -> str:
     return f"decoded 1 and {n_seqs} sequences with {threads} threads; {info}"
 
 
-def _embed_check(model_path: str, threads: int) -> str:
+def _load(model_path: str):  # type: ignore[no-untyped-def]
+    """llama.cpp, silenced, and the model's weights on the CPU (the kernels under test)."""
     import llama_cpp
-    import numpy as np
 
     llama_cpp.llama_backend_init()
-    silence = llama_cpp.llama_log_callback(lambda level, text, user: None)
-    llama_cpp.llama_log_set(silence, None)
+    _silence.append(llama_cpp.llama_log_callback(lambda level, text, user: None))  # referenced while in use
+    llama_cpp.llama_log_set(_silence[-1], None)
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
     if not model:
         raise SystemExit(f"llama.cpp could not load {model_path}")
+    return model
+
+
+_silence: list[object] = []
+
+
+def _embed_check(model_path: str, threads: int) -> str:
+    import llama_cpp
+    import numpy as np
+
+    model = _load(model_path)
     n_seqs = 8
     cparams = llama_cpp.llama_context_default_params()
     cparams.embeddings, cparams.kv_unified = True, True
