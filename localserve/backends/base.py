@@ -6,9 +6,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
+from localserve.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import llguidance
 
 ItemT = TypeVar("ItemT")
 OutputT = TypeVar("OutputT")
@@ -63,6 +67,11 @@ class Tokenizer(ABC):
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def guidance_tokenizer(self) -> llguidance.LLTokenizer:
+        """This vocabulary for the grammar engine (backends/constraints.py);
+        built once (about half a second), then shared. Safe from any thread."""
+        raise InvalidRequestError("this model's tokenizer cannot constrain output (no grammar support)")
 
 
 class GenerativeBackend(ABC):

@@ -11,10 +11,13 @@ import json
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localserve.backends.base import Tokenizer
 from localserve.errors import LocalServeError, NotUnicodeError
+
+if TYPE_CHECKING:
+    import llguidance
 
 #: Special tokens that end a turn in the common chat formats; counted as
 #: end-of-generation when the vocabulary has them (llama.cpp does the same).
@@ -91,6 +94,7 @@ class HFTokenizer(Tokenizer):
         self._n_vocab = self._raw.get_vocab_size(with_added_tokens=True)
         self._pieces: list[bytes | None] = [None] * self._n_vocab
         self._template_file = folder / "chat_template.jinja"
+        self._path = path
 
     @property
     def vocab_size(self) -> int:
@@ -133,6 +137,15 @@ class HFTokenizer(Tokenizer):
 
     def special_text(self, token_id: int) -> str:
         return self._raw.id_to_token(token_id) or ""
+
+    def guidance_tokenizer(self) -> llguidance.LLTokenizer:
+        return self._guidance
+
+    @cached_property
+    def _guidance(self) -> llguidance.LLTokenizer:
+        from localserve.backends.constraints import build_tokenizer_from_json
+
+        return build_tokenizer_from_json(self._path.read_text(encoding="utf-8"), self._n_vocab, self.eog_token_ids)
 
     @cached_property
     def eog_token_ids(self) -> frozenset[int]:

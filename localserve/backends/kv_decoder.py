@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from localserve.backends.base import GenerativeBackend
+from localserve.backends.constraints import GrammarMatcher
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, token_logprob
 from localserve.engine.types import (
@@ -48,7 +49,6 @@ from localserve.engine.types import (
 )
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 
-GRAMMAR_UNSUPPORTED = "grammar/JSON mode needs the llama.cpp backend"
 #: A prompt chunk joins a call when the call's padded tokens stay within this
 #: factor of its real tokens.
 MAX_PADDING_FACTOR = 1.25
@@ -192,19 +192,26 @@ class KvDecoderBackend(GenerativeBackend):
         return self._tokenizer
 
     def validate(self, params: SamplingParams) -> None:
-        """Refuse now what this backend cannot sample with."""
-        if params.grammar:
-            raise InvalidRequestError(GRAMMAR_UNSUPPORTED)
+        """Refuse now what this backend cannot sample with (a grammar that
+        does not compile against this vocabulary)."""
+        if params.grammar is not None:
+            self._matcher(params.grammar)
+
+    def _matcher(self, grammar: str) -> GrammarMatcher:
+        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar, self._tokenizer.vocab_size)
 
     def execute(self, batch: StepBatch) -> StepResult:
         self.release(batch.released_seq_ids)
         self._apply_kv_ops(batch.kv_ops)
-        failed = {c.seq_id: GRAMMAR_UNSUPPORTED for c in batch.chunks if c.sample and c.sampling.grammar}
+        failed: dict[int, str] = {}
         sampled: dict[int, SampledToken] = {}
         for call, shape in self._plan(batch.chunks):
             for chunk, logits in zip(call, self._run_call(call, shape), strict=True):
                 if chunk.sample and chunk.seq_id not in failed:
-                    sampled[chunk.seq_id] = self._sample(chunk, logits)
+                    try:
+                        sampled[chunk.seq_id] = self._sample(chunk, logits)
+                    except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
+                        failed[chunk.seq_id] = exc.message
         return StepResult(sampled=sampled, failed=failed)
 
     def release(self, seq_ids: Collection[int]) -> None:
@@ -294,12 +301,14 @@ class KvDecoderBackend(GenerativeBackend):
     def _sample(self, chunk: SeqChunk, logits: np.ndarray) -> SampledToken:
         sampler = self._samplers.get(chunk.seq_id)
         if sampler is None:
-            sampler = self._samplers[chunk.seq_id] = NumpySampler(chunk.sampling)
+            grammar = chunk.sampling.grammar
+            matcher = self._matcher(grammar) if grammar is not None else None
+            sampler = self._samplers[chunk.seq_id] = NumpySampler(chunk.sampling, matcher)
         token_id = sampler.sample(logits)
         logprob = None
         if chunk.sampling.logprobs is not None:
             logprob = token_logprob(logits, token_id, chunk.sampling.logprobs)
-        return SampledToken(token_id, logprob)
+        return SampledToken(token_id, logprob, ends=sampler.ended)
 
 
 def plan_capacity(

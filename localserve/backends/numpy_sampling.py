@@ -14,7 +14,9 @@ from collections import Counter, deque
 
 import numpy as np
 
+from localserve.backends.constraints import GrammarMatcher
 from localserve.engine.types import SamplingParams, TokenLogprob
+from localserve.errors import InvalidRequestError
 
 #: Candidates looked at by top_p/min_p when top_k is off, before falling back
 #: to the whole vocabulary (only when they do not hold the top_p mass).
@@ -22,12 +24,16 @@ _CANDIDATES = 512
 
 
 class NumpySampler:
-    """One sequence's sampler: its random generator and penalty history."""
+    """One sequence's sampler: its random generator, penalty history and
+    grammar (backends/constraints.py: sample, check, and mask and sample
+    again only when the grammar refuses the token)."""
 
-    __slots__ = ("params", "_rng", "_history", "_bias")
+    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "ended")
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, matcher: GrammarMatcher | None = None) -> None:
         self.params = params
+        self._matcher = matcher
+        self.ended = False  # the grammar ended the sequence
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         self._rng = np.random.default_rng(seed & 0xFFFFFFFF)
         last_n = params.penalty_last_n
@@ -47,7 +53,18 @@ class NumpySampler:
             row[ids[valid]] += bias[valid]
         if self._history and (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
             self._penalize(row)
+        matcher = self._matcher
+        if matcher is not None and matcher.done:
+            self.ended = True
+            return matcher.end_token
         token = int(np.argmax(row)) if p.greedy else self._draw(row)
+        if matcher is not None:
+            if not matcher.allows(token):
+                matcher.apply(row)
+                if not np.isfinite(row).any():
+                    raise InvalidRequestError("no token is allowed here (the grammar excludes them all)")
+                token = int(np.argmax(row)) if p.greedy else self._draw(row)
+            matcher.consume(token)
         if self._history.maxlen != 0:
             self._history.append(token)
         return token

@@ -66,7 +66,7 @@ class OutputProcessor:
         reason: FinishReason | None = None
         for token in output.sampled:
             kept.append(token.token_id)
-            reason, text, is_emitted = self._judge(seq, token.token_id, len(kept))
+            reason, text, is_emitted = self._judge(seq, token.token_id, len(kept), ends=token.ends)
             if is_emitted:
                 emitted.append(token.token_id)
                 if token.logprob is not None:
@@ -79,16 +79,20 @@ class OutputProcessor:
         )
         return ProcessedOutput(seq, tuple(kept), reason, event)
 
-    def _judge(self, seq: Sequence, token_id: int, num_new: int) -> tuple[FinishReason | None, str, bool]:
+    def _judge(
+        self, seq: Sequence, token_id: int, num_new: int, *, ends: bool = False
+    ) -> tuple[FinishReason | None, str, bool]:
         """The `num_new`-th token of this step for `seq`: whether it ends the
         sequence, the text it releases, and whether its id is emitted (an
-        end-of-generation or stop token is not)."""
+        end-of-generation or stop token is not). `ends`: the grammar is
+        complete, so the sequence ends here even under `ignore_eos` or
+        before `min_tokens`."""
         assert seq.output is not None
         params = seq.sampling
         num_output = seq.num_output_tokens + num_new
         may_stop = num_output > params.min_tokens
         is_eog = not params.ignore_eos and token_id in self._eog
-        if may_stop and (is_eog or token_id in params.stop_token_ids):
+        if ends or (may_stop and (is_eog or token_id in params.stop_token_ids)):
             return FinishReason.STOP, seq.output.flush(), False
         text = seq.output.push(self._token_bytes(token_id))
         reason = FinishReason.STOP if seq.output.stopped_by is not None else None

@@ -67,7 +67,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None: off; 0..20: top alternatives per token
-    grammar: str | None = None  # GBNF; constrains every sampled token
+    grammar: str | None = None  # an llguidance grammar (serving/grammar.py); constrains every sampled token
     logit_bias: tuple[tuple[int, float], ...] = ()
     speculative: bool = True  # may draft tokens when the model speculates (`"speculative": false` turns it off)
 
@@ -87,6 +87,7 @@ class TokenLogprob:
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None = None
+    ends: bool = False  # the grammar is complete: this (end-of-generation) token ends the sequence
 
 
 @dataclass(slots=True)

@@ -7,9 +7,9 @@ import asyncio
 
 from localserve.errors import InvalidRequestError
 from localserve.serving.answer import Answer, submit
+from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ChatModel, ModelHost, open_chat_model
 from localserve.serving.prompts import chat_prompt
-from localserve.serving.sampling import grammar_for
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
 from localserve.serving.types import ChatRequest
 

@@ -8,9 +8,9 @@ import asyncio
 
 from localserve.serving.answer import Answer, submit
 from localserve.serving.fim import fim_prompt, require_fim
+from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ModelHost, open_chat_model
 from localserve.serving.prompts import completion_prompt, text_prompt
-from localserve.serving.sampling import grammar_for
 from localserve.serving.types import CompletionRequest, InfillRequest, TextRequest
 
 
@@ -43,7 +43,16 @@ async def start_completion(host: ModelHost, request: CompletionRequest, *, answe
         return out
 
     prompt_ids = await asyncio.to_thread(build)
-    return await submit(model, answer_id, prompt_ids, request.options, prompt_param=param)
+    output = request.output
+    return await submit(
+        model,
+        answer_id,
+        prompt_ids,
+        request.options,
+        grammar=grammar_for(output),
+        grammar_param=output.param if output else "",
+        prompt_param=param,
+    )
 
 
 async def start_text(host: ModelHost, request: TextRequest, *, answer_id: str) -> Answer:

@@ -1,44 +1,15 @@
-"""A request's options -> the engine's `SamplingParams` for each choice,
-including the grammar that enforces a JSON output format."""
+"""A request's options -> the engine's `SamplingParams` for each choice
+(with the grammar serving/grammar.py builds)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from functools import lru_cache
 
 from localserve.backends.base import GenerativeBackend
 from localserve.engine.types import SamplingParams
 from localserve.errors import InvalidRequestError
-from localserve.serving.types import Options, OutputFormat
-
-
-@lru_cache(maxsize=64)
-def _schema_grammar(schema_json: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # heavy import, only when asked
-
-    return json_schema_to_gbnf(schema_json)
-
-
-def json_grammar() -> str:
-    """GBNF for any JSON value."""
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    return JSON_GBNF
-
-
-def grammar_for(output: OutputFormat | None) -> str | None:
-    """GBNF for `json_object` (any JSON object) or `json_schema`; None for text."""
-    if output is None:
-        return None
-    if output.kind == "json_object" or output.schema is True or output.schema in ({}, None):
-        return json_grammar()  # "anything" is any JSON value we can express
-    try:
-        return _schema_grammar(output.schema_key())
-    except Exception as exc:  # the converter raises assorted errors (even AssertionError)
-        raise InvalidRequestError(
-            f"{output.schema_param} cannot be turned into a grammar: {exc}", param=output.schema_param
-        ) from None
+from localserve.serving.types import Options
 
 
 def sampling_for(options: Options, *, num_prompt_tokens: int, n_ctx: int, grammar: str | None = None) -> SamplingParams:
@@ -73,7 +44,9 @@ def per_choice(params: SamplingParams, index: int) -> SamplingParams:
 
 async def validate(backend: GenerativeBackend, params: SamplingParams, *, param: str) -> None:
     """Refuse now (400) what the backend could not sample with, e.g. a grammar
-    llama.cpp does not compile, instead of failing inside a step."""
+    that does not compile against the model's vocabulary, instead of failing
+    inside a step. The first grammar builds the vocabulary's constraint
+    tokenizer (backends/constraints.py), here off the step thread."""
     if params.grammar is None:
         return
     try:

@@ -60,7 +60,6 @@ first-character alternation needs nothing beyond a plain grammar.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from typing import Any
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.errors import InvalidRequestError
+from localserve.serving.grammar import check_grammar, closed_objects, json_options
 from localserve.serving.types import FunctionTool, Tools
 
 TOOL_OPEN = "<tool_call>"
@@ -118,9 +118,10 @@ def plan_tools(tools: Tools | None, tokenizer: Tokenizer | None = None) -> ToolP
     spellings = _spellings([tool["function"]["name"] for tool in objects], tokenizer) if tokenizer else ()
     try:
         grammar = _grammar(functions, required=required, parallel=parallel, spellings=spellings)
-    except Exception as exc:  # the converter raises assorted errors (even AssertionError)
+    except (InvalidRequestError, ValueError) as exc:
+        message = exc.message if isinstance(exc, InvalidRequestError) else str(exc)
         raise InvalidRequestError(
-            f"a tool's parameters cannot be turned into a grammar: {exc}", param="tools"
+            f"a tool's parameters cannot be turned into a grammar: {message}", param="tools"
         ) from None
     return ToolPlan(objects, required, parallel, grammar)
 
@@ -221,12 +222,6 @@ def _arguments_text(arguments: str | dict[str, Any]) -> str:
 # ---- the grammar -----------------------------------------------------------------------
 
 
-def _literal(text: str) -> str:
-    """A GBNF string literal."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
-    return f'"{escaped}"'
-
-
 def _head(name: str) -> str:
     """A call's text up to its arguments (the space before them is left to
     the model, which writes it together with the arguments' first characters)."""
@@ -251,31 +246,32 @@ def _spellings(names: Sequence[str], tokenizer: Tokenizer) -> Spellings:
 
 
 def _fixed(text: str, spellings: dict[str, tuple[int, ...]]) -> str:
-    """GBNF for fixed text: its tokens where known, else its characters."""
+    """Lark for fixed text: its tokens where known, else its characters."""
     ids = spellings.get(text)
-    return " ".join(f"<[{token}]>" for token in ids) if ids else _literal(text)
+    return " ".join(f"<[{token}]>" for token in ids) if ids else json.dumps(text)
 
 
 @lru_cache(maxsize=64)
 def _grammar(functions_json: str, *, required: bool, parallel: bool, spellings: Spellings = ()) -> str:
-    from llama_cpp.llama_grammar import SchemaConverter  # heavy import, only when asked
+    import llguidance
 
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     spelled = dict(spellings)
     alternatives = []
-    for i, function in enumerate(json.loads(functions_json)):
-        schema = converter.resolve_refs(copy.deepcopy(function["parameters"]), f"tool{i}")
-        args_rule = converter.visit(schema, f"tool{i}-args")
-        alternatives.append(f'{_fixed(_head(function["name"]), spelled)} " " {args_rule}')
+    for function in json.loads(functions_json):
+        schema = closed_objects(function["parameters"])
+        schema["x-guidance"] = json_options(strict=False)
+        alternatives.append(f'{_fixed(_head(function["name"]), spelled)} " " %json {json.dumps(schema)}')
     rules = [
-        f'ls-call ::= ( {" | ".join(alternatives)} ) "}}" {_fixed(_CLOSE, spelled)}',
-        f'ls-calls ::= ls-call ( "\\n" ls-call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "ls-calls ::= ls-call",
+        f'ls_call: ( {" | ".join(alternatives)} ) "}}" {_fixed(_CLOSE, spelled)}',
+        f'ls_calls: ls_call ( "\\n" ls_call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "ls_calls: ls_call",
     ]
     if required:
-        rules.append("root ::= ls-calls")
+        rules.insert(0, "start: ls_calls")
     else:
         # Free text may not start with "<" (or whitespace, but for a few spaces),
         # so the first character picks the branch and a call stays constrained.
-        rules.append('ls-text ::= " "{0,4} [^<\\x00-\\x20] [^\\x00]*')
-        rules.append("root ::= ls-calls | ls-text")
-    return converter.format_grammar() + "\n" + "\n".join(rules) + "\n"
+        rules.insert(0, "start: ls_calls | LS_TEXT")
+        rules.append("LS_TEXT: /[ ]{0,4}[^<\\x00-\\x20][^\\x00]*/")
+    grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
+    check_grammar(grammar)
+    return grammar

@@ -79,13 +79,17 @@ class Tools:
 
 @dataclass(frozen=True, slots=True)
 class OutputFormat:
-    """Structured output, enforced by a grammar: any JSON object, or JSON
-    that matches `schema`. `param` names the request's field in errors."""
+    """Structured output, enforced by a grammar (serving/grammar.py): any
+    JSON object, JSON that matches `schema` (`strict`: refuse what cannot be
+    enforced), or a GBNF/Lark grammar's `text`. `param` names the request's
+    field in errors."""
 
-    kind: Literal["json_object", "json_schema"]
+    kind: Literal["json_object", "json_schema", "grammar"]
     schema: dict[str, Any] | bool | None = None
     param: str = "response_format"
     schema_param: str = "response_format.json_schema.schema"
+    strict: bool = False
+    text: str | None = None  # kind "grammar"
 
     def schema_key(self) -> str:
         return json.dumps(self.schema, sort_keys=True)
@@ -130,6 +134,7 @@ class CompletionRequest:
     options: Options = field(default_factory=Options)
     suffix: str | None = None
     prompt_param: str = "prompt"
+    output: OutputFormat | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,8 +146,8 @@ def test_plan_and_grammar_shapes() -> None:
     assert plan_tools(openai_tools([ToolDef.model_validate(WEATHER)], "none", parallel=True)) is None
     assert plan_tools(openai_tools(None, "auto", parallel=True)) is None
     auto, required = _plan("auto"), _plan("required", parallel=False)
-    assert "root ::= ls-calls | ls-text" in auto.grammar and not auto.required
-    assert "root ::= ls-calls\n" in required.grammar and "ls-calls ::= ls-call\n" in required.grammar
+    assert "start: ls_calls | LS_TEXT" in auto.grammar and not auto.required
+    assert "start: ls_calls\n" in required.grammar and "ls_calls: ls_call\n" in required.grammar
     named = _plan({"type": "function", "function": {"name": "add"}})
     assert named.required and named.names == ["add"] and "get_weather" not in named.grammar
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.types import FinishReason, GenerateRequest, KvOp, SamplingParams, SeqChunk, StepBatch, TokenEvent
 from localserve.errors import InvalidRequestError
+from localserve.serving.grammar import grammar_for
+from localserve.serving.types import OutputFormat
 
 GREEDY = SamplingParams(temperature=0.0)
 REFERENCE_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
@@ -165,15 +168,34 @@ def test_logprobs_are_a_distribution(decoder: KvDecoderBackend) -> None:
 
 
 @pytest.mark.slow
-def test_grammar_is_refused_clearly(decoder: KvDecoderBackend) -> None:
-    params = SamplingParams(temperature=0.0, grammar='root ::= "yes"')
-    with pytest.raises(InvalidRequestError, match="llama.cpp"):
-        decoder.validate(params)
-    prompt = encode(decoder, "Yes or no?")
+def test_grammar_constrains_the_output(decoder: KvDecoderBackend) -> None:
+    """The same grammar engine as llama.cpp's (backends/constraints.py), in
+    numpy: a JSON schema gives JSON that matches it; a bad grammar fails only
+    its own sequence."""
+    bad = SamplingParams(temperature=0.0, grammar="start: (((")
+    with pytest.raises(InvalidRequestError):
+        decoder.validate(bad)
+    tok = decoder.tokenizer()
+    prompt = encode(decoder, "<|im_start|>user\nGive me a person as JSON.<|im_end|>\n<|im_start|>assistant\n")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    params = SamplingParams(temperature=0.0, grammar=grammar_for(OutputFormat("json_schema", schema)))
+    decoder.validate(params)
     decoder.clear_slots([0, 1])
-    result = decoder.execute(StepBatch(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=params))))
+    result = decoder.execute(
+        StepBatch(0, (), (chunk(1, 0, prompt, 0, params=params), chunk(2, 1, prompt, 0, params=bad)))
+    )
+    assert 2 in result.failed and 1 in result.sampled
+    out, pos = [result.sampled[1].token_id], len(prompt)
+    while out[-1] not in tok.eog_token_ids and len(out) < 60:
+        out.append(step(decoder, [chunk(1, 0, [out[-1]], pos, params=params)])[1])
+        pos += 1
     decoder.release([1, 2])
-    assert 1 in result.sampled and "llama.cpp" in result.failed[2]
+    value = json.loads(tok.decode(out[:-1]))
+    assert isinstance(value["name"], str) and isinstance(value["age"], int)
 
 
 @pytest.mark.slow

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import llguidance
 import pytest
 
 from localserve.backends.chat_template import ChatTemplate
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.types import KvOp, SamplingParams, SeqChunk, StepBatch
 from localserve.errors import DeviceNotFoundError, InvalidRequestError
+from localserve.serving.grammar import grammar_for
+from localserve.serving.types import OutputFormat
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -145,7 +148,7 @@ def test_bad_grammar_fails_only_its_sequence(tiny: LlamaCppBackend) -> None:
     tok = tiny.tokenizer()
     prompt = tok.encode("The quick", add_special=False)
     tiny.clear_slots([0, 1])
-    bad = SamplingParams(temperature=0.0, grammar="root ::= (((")
+    bad = SamplingParams(temperature=0.0, grammar="start: (((")
     with pytest.raises(InvalidRequestError):
         tiny.validate(bad)
     result = tiny.execute(StepBatch(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=bad))))
@@ -172,8 +175,6 @@ def test_smollm2_knows_the_capital_of_france(smol: LlamaCppBackend) -> None:
 
 @pytest.mark.slow
 def test_smollm2_chat_template_and_grammar_give_valid_json(smol: LlamaCppBackend) -> None:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     tok = smol.tokenizer()
     template = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
     assert not template.is_default, "SmolLM2's GGUF carries its own template"
@@ -184,7 +185,7 @@ def test_smollm2_chat_template_and_grammar_give_valid_json(smol: LlamaCppBackend
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
         "required": ["name", "age"],
     }
-    params = SamplingParams(temperature=0.0, grammar=json_schema_to_gbnf(json.dumps(schema)))
+    params = SamplingParams(temperature=0.0, grammar=grammar_for(OutputFormat("json_schema", schema)))
     prompt = tok.encode(text, add_special=False)
     smol.clear_slots([0])
     out: list[int] = []
@@ -264,10 +265,36 @@ def test_grammar_resamples_when_the_free_choice_is_rejected(smol: LlamaCppBacken
     tok = smol.tokenizer()
     prompt = tok.encode("The capital of France is", add_special=False)
     assert "Paris" in tok.decode(sample_run(smol, prompt, GREEDY, 3)), "unconstrained, it says Paris"
-    params = SamplingParams(temperature=0.0, grammar='root ::= " yes" | " no"')
+    params = SamplingParams(temperature=0.0, grammar=llguidance.grammar_from("gbnf", 'root ::= " yes" | " no"'))
     out = sample_run(smol, prompt, params, 6)
     assert out[-1] in tok.eog_token_ids, "the grammar ends, so only end-of-generation is allowed"
     assert tok.decode(out[:-1]) in (" yes", " no")
-    seeded = SamplingParams(temperature=1.0, seed=3, grammar="root ::= [0-9] [0-9] [0-9]")
+    seeded = SamplingParams(
+        temperature=1.0, seed=3, grammar=llguidance.grammar_from("gbnf", "root ::= [0-9] [0-9] [0-9]")
+    )
     digits = tok.decode(sample_run(smol, prompt, seeded, 8)[:-1])
     assert len(digits) == 3 and digits.isdigit()
+
+
+@pytest.mark.slow
+def test_a_complete_grammar_ends_the_sequence_even_under_ignore_eos(smol: LlamaCppBackend) -> None:
+    """Once the grammar allows nothing but the end, the sequence ends there,
+    whatever `ignore_eos` or `min_tokens` say (issue 31: forced tool calls)."""
+    tok = smol.tokenizer()
+    prompt = tok.encode("Answer yes or no:", add_special=False)
+    grammar = llguidance.grammar_from("gbnf", 'root ::= " yes" | " no"')
+    for params in (
+        SamplingParams(temperature=0.0, grammar=grammar, ignore_eos=True),
+        SamplingParams(temperature=0.0, grammar=grammar, min_tokens=10),
+    ):
+        smol.clear_slots([0])
+        result = smol.execute(StepBatch(0, (), (chunk(5, 0, prompt, 0, params=params),)))
+        tokens, pos = [result.sampled[5]], len(prompt)
+        while not tokens[-1].ends and len(tokens) < 10:
+            result = smol.execute(StepBatch(0, (), (chunk(5, 0, [tokens[-1].token_id], pos, params=params),)))
+            assert not result.failed, result.failed
+            tokens.append(result.sampled[5])
+            pos += 1
+        smol.release([5])
+        assert tokens[-1].ends and tokens[-1].token_id in tok.eog_token_ids
+        assert tok.decode([t.token_id for t in tokens[:-1]]) in (" yes", " no")

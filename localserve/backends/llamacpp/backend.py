@@ -20,6 +20,7 @@ from pathlib import Path
 import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
+from localserve.backends.constraints import GrammarMatcher
 from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
@@ -196,7 +197,8 @@ class LlamaCppBackend(GenerativeBackend):
     def validate(self, params: SamplingParams) -> None:
         """Raise InvalidRequestError now if `params` cannot build a sampler
         (e.g. a grammar that does not compile). Safe from any thread."""
-        SamplerChain(params, self._tokenizer.vocab, self._n_vocab).free()
+        if params.grammar is not None:
+            self._matcher(params.grammar)
 
     def kv_state_identity(self) -> str | None:
         config = self.config
@@ -258,11 +260,12 @@ class LlamaCppBackend(GenerativeBackend):
         )
 
     def _sample(self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int) -> SampledToken:
-        token_id = self._chains[chunk.seq_id].sample(ctx, index)
+        chain = self._chains[chunk.seq_id]
+        token_id = chain.sample(ctx, index)
         logprob = None
         if chunk.sampling.logprobs is not None:
             logprob = token_logprob(ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
-        return SampledToken(token_id, logprob)
+        return SampledToken(token_id, logprob, ends=chain.ended)
 
     def _verify(
         self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int, token_id: int, drafts: tuple[int, ...]
@@ -334,13 +337,20 @@ class LlamaCppBackend(GenerativeBackend):
             self._draft.follow_kv_ops(kv_ops)
         return apply_kv_ops(ctx, mem, kv_ops, split_kv=self._split_kv)
 
+    def _matcher(self, grammar: str) -> GrammarMatcher:
+        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar, self._n_vocab)
+
     def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
         failed: dict[int, str] = {}
         for chunk in batch.chunks:
             if chunk.sample and chunk.seq_id not in self._chains:
                 try:
+                    grammar = chunk.sampling.grammar
                     self._chains[chunk.seq_id] = SamplerChain(
-                        chunk.sampling, self._tokenizer.vocab, self._n_vocab, self._tokenizer.eog_token_ids
+                        chunk.sampling,
+                        self._n_vocab,
+                        self._tokenizer.eog_token_ids,
+                        self._matcher(grammar) if grammar is not None else None,
                     )
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 import llama_cpp
 import numpy as np
 
+from localserve.backends.constraints import GrammarMatcher
 from localserve.engine.types import SamplingParams, TokenLogprob
 from localserve.errors import InvalidRequestError
 
@@ -23,39 +24,40 @@ class SamplerChain:
     """One sequence's sampler chain; owns the native objects.
 
     Two paths. Without grammar or suppressed tokens, llama.cpp samples and
-    accepts in one native call. With a grammar, applying it to all ~50k
-    candidates every token is the dominant cost (tens of ms for JSON), so we
-    do what llama.cpp's own `common_sampler` does: sample without the grammar,
-    check only the chosen token against it, and resample with the grammar
-    first only when that token is rejected. End-of-generation tokens are
-    masked while `min_tokens` are not yet out, and always under `ignore_eos`
-    (the model then never emits them, as in llama.cpp's server).
+    accepts in one native call. With a grammar (backends/constraints.py):
+    sample without it, ask the matcher whether the chosen token is allowed,
+    and only when it is not, mask the candidates and sample again.
+    End-of-generation tokens are masked while `min_tokens` are not yet out,
+    and always under `ignore_eos` (the model then never emits them, as in
+    llama.cpp's server), except where the grammar allows nothing but the
+    end: the grammar wins, and `ended` says so.
     """
 
-    __slots__ = ("_chain", "_grammar", "_eog", "_suppress_until", "_count", "_n_vocab", "_cands", "_ids")
+    __slots__ = ("_chain", "_matcher", "_eog", "_suppress_until", "_count", "_n_vocab", "_cands", "_ids", "ended")
 
     def __init__(
         self,
         params: SamplingParams,
-        vocab: llama_cpp.llama_vocab_p,
         n_vocab: int,
         eog_token_ids: Collection[int] = (),
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
-        self._grammar = None
+        self._matcher = matcher
         self._n_vocab = n_vocab
         self._count = 0
         self._cands: np.ndarray | None = None
         self._ids: np.ndarray | None = None
+        self.ended = False  # the grammar ended the sequence (its last token is an end the grammar forced)
         # ignore_eos: a native logit-bias sampler masks end-of-generation for good;
         # min_tokens: the Python path masks it for the first tokens only.
         limit = 0 if params.ignore_eos else params.min_tokens
         self._eog = np.fromiter(sorted(eog_token_ids), dtype=np.int64) if limit and eog_token_ids else None
         self._suppress_until = limit if self._eog is not None else 0
         try:
-            samplers, self._grammar = _samplers(params, vocab, n_vocab)
+            samplers = _samplers(params, n_vocab)
             if params.ignore_eos and eog_token_ids:
                 samplers.insert(0, _logit_bias([(t, float("-inf")) for t in sorted(eog_token_ids)], n_vocab))
             for sampler in samplers:
@@ -64,23 +66,40 @@ class SamplerChain:
             self.free()
             raise
 
+    @property
+    def matcher(self) -> GrammarMatcher | None:
+        return self._matcher
+
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
         """Sample (and accept) the next token from the logits at `batch_index`."""
         suppress = self._count < self._suppress_until
         self._count += 1
-        if self._grammar is None and not suppress:
+        matcher = self._matcher
+        if matcher is None and not suppress:
             return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
         pointer = llama_cpp.llama_get_logits_ith(ctx, batch_index)
         logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+        if matcher is not None and matcher.done:
+            return self._end(matcher)
         token = self._pick(logits, suppress, with_grammar=False)
-        if self._grammar is not None and not self._grammar_allows(token):
+        if matcher is not None and (token < 0 or not matcher.allows(token)):
             token = self._pick(logits, suppress, with_grammar=True)
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
+            if token < 0 and matcher.accepting:  # only the end is allowed, and it is suppressed
+                return self._end(matcher)
+        if token < 0:
+            raise InvalidRequestError("no token is allowed here (grammar and suppressed tokens exclude them all)")
+        if matcher is not None:
+            matcher.consume(token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
+    def _end(self, matcher: GrammarMatcher) -> int:
+        self.ended = True
+        return matcher.end_token
+
     def _pick(self, logits: np.ndarray, suppress: bool, *, with_grammar: bool) -> int:
+        """The chain's choice over `logits` (masked by the grammar if asked),
+        without accepting it; -1 when every token is excluded."""
         if self._cands is None:
             self._cands = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
             self._ids = np.arange(self._n_vocab, dtype=np.int32)
@@ -90,31 +109,24 @@ class SamplerChain:
         cands["p"] = 0.0
         if suppress:
             cands["logit"][self._eog] = -np.inf
+        if with_grammar:
+            assert self._matcher is not None
+            self._matcher.apply(cands["logit"])
+            if not np.isfinite(cands["logit"]).any():
+                return -1
         array = llama_cpp.llama_token_data_array(
             data=cands.ctypes.data_as(llama_cpp.llama_token_data_p), size=self._n_vocab, selected=-1, sorted=False
         )
-        if with_grammar:
-            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
         if array.selected < 0:
-            raise InvalidRequestError("no token is allowed here (grammar and suppressed tokens exclude them all)")
-        return int(array.data[array.selected].id)
-
-    def _grammar_allows(self, token: int) -> bool:
-        one = (llama_cpp.llama_token_data * 1)()
-        # ctypes takes a Python int for a c_int32 field; llama_cpp's stubs type the field as c_int32.
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0  # type: ignore[assignment]
-        array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
-        return bool(np.isfinite(one[0].logit))
+            return -1
+        token = int(array.data[array.selected].id)
+        return token if np.isfinite(array.data[array.selected].logit) else -1
 
     def free(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_free(self._grammar)
-            self._grammar = None
 
 
 def _logit_bias(pairs: Sequence[tuple[int, float]], n_vocab: int) -> llama_cpp.llama_sampler_p:
@@ -128,20 +140,11 @@ def _logit_bias(pairs: Sequence[tuple[int, float]], n_vocab: int) -> llama_cpp.l
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
-def _samplers(
-    params: SamplingParams, vocab: llama_cpp.llama_vocab_p, n_vocab: int
-) -> tuple[list[llama_cpp.llama_sampler_p], llama_cpp.llama_sampler_p | None]:
-    """The chain's samplers (all but the grammar) and the grammar sampler."""
+def _samplers(params: SamplingParams, n_vocab: int) -> list[llama_cpp.llama_sampler_p]:
+    """The chain's samplers."""
     out = []
-    grammar = None
     if params.logit_bias:
         out.append(_logit_bias(params.logit_bias, n_vocab))
-    if params.grammar:
-        grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
-        if not grammar:
-            for sampler in out:
-                llama_cpp.llama_sampler_free(sampler)
-            raise InvalidRequestError("the grammar (from response_format or tools) could not be parsed")
     if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
         out.append(
             llama_cpp.llama_sampler_init_penalties(
@@ -154,7 +157,7 @@ def _samplers(
         )
     if params.greedy:
         out.append(llama_cpp.llama_sampler_init_greedy())
-        return out, grammar
+        return out
     if params.top_k > 0:
         out.append(llama_cpp.llama_sampler_init_top_k(params.top_k))
     if params.top_p < 1.0:
@@ -164,7 +167,7 @@ def _samplers(
     out.append(llama_cpp.llama_sampler_init_temp(params.temperature))
     seed = params.seed if params.seed is not None else random.getrandbits(32)
     out.append(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-    return out, grammar
+    return out
 
 
 def token_logprob(

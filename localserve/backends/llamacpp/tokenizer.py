@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import ctypes
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
 from localserve.backends.base import Tokenizer
 from localserve.errors import NotUnicodeError
+
+if TYPE_CHECKING:
+    import llguidance
 
 
 class LlamaTokenizer(Tokenizer):
@@ -88,6 +92,15 @@ class LlamaTokenizer(Tokenizer):
     @property
     def eos_token(self) -> str:
         return self.special_text(self.eos_token_id) if self.eos_token_id >= 0 else ""
+
+    def guidance_tokenizer(self) -> llguidance.LLTokenizer:
+        return self._guidance
+
+    @cached_property
+    def _guidance(self) -> llguidance.LLTokenizer:
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self._vocab, eos_token=sorted(self.eog_token_ids))
 
     @cached_property
     def chat_template(self) -> str | None:

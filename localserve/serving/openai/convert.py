@@ -63,14 +63,21 @@ def tools(defs: Sequence[ToolDef] | None, choice: ToolChoice | None, *, parallel
     return Tools(functions, choice or "auto", None, parallel)
 
 
-def output_format(response_format: ResponseFormat | None) -> OutputFormat | None:
-    """`response_format` json_object or json_schema; None for text."""
+def output_format(response_format: ResponseFormat | None, body: SamplingFields | None = None) -> OutputFormat | None:
+    """`response_format` json_object or json_schema, else llama.cpp's
+    `json_schema` or `grammar` fields of `body` (the schema allows one);
+    None for text."""
+    if body is not None and body.json_schema is not None:
+        return OutputFormat("json_schema", body.json_schema, param="json_schema", schema_param="json_schema")
+    if body is not None and body.grammar is not None:
+        return OutputFormat("grammar", param="grammar", schema_param="grammar", text=body.grammar)
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
         return OutputFormat("json_object")
     assert response_format.json_schema is not None  # checked by the schema
-    return OutputFormat("json_schema", response_format.json_schema.schema_)
+    spec = response_format.json_schema
+    return OutputFormat("json_schema", spec.schema_, strict=bool(spec.strict))
 
 
 def chat_request(body: ChatCompletionRequest) -> ChatRequest:
@@ -87,7 +94,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
         tuple(message(m) for m in body.messages),
         options,
         tools=tools(body.tools, body.tool_choice, parallel=body.parallel_tool_calls),
-        output=output_format(body.response_format),
+        output=output_format(body.response_format, body),
     )
 
 
@@ -101,7 +108,9 @@ def completion_request(body: CompletionRequest) -> serving.CompletionRequest:
         priority=parse_priority(body.priority),
     )
     prompts = tuple(p if isinstance(p, str) else tuple(p) for p in body.prompts)
-    return serving.CompletionRequest(body.model, prompts, options, suffix=body.suffix or None)
+    return serving.CompletionRequest(
+        body.model, prompts, options, suffix=body.suffix or None, output=output_format(None, body)
+    )
 
 
 def _or(value: T | None, default: T) -> T:

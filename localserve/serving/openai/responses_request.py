@@ -242,4 +242,6 @@ def _output(body: ResponsesRequest) -> OutputFormat | None:
         return None
     if fmt.type == "json_object":
         return OutputFormat("json_object", param="text.format", schema_param="text.format.schema")
-    return OutputFormat("json_schema", fmt.schema_, param="text.format", schema_param="text.format.schema")
+    return OutputFormat(
+        "json_schema", fmt.schema_, param="text.format", schema_param="text.format.schema", strict=bool(fmt.strict)
+    )

@@ -144,6 +144,10 @@ class ChatMessage(_Model):
         return message
 
 
+def _constrains(value: Any) -> bool:
+    return value is not None and not (isinstance(value, ResponseFormat) and value.type == "text")
+
+
 class SamplingFields(_Model):
     """Parameters shared by chat and legacy completions."""
 
@@ -174,6 +178,18 @@ class SamplingFields(_Model):
     min_tokens: int = Field(default=0, ge=0)
     speculative: bool = True  # false: this request drafts no tokens (speculative decoding, --speculative)
     priority: float | str | None = None
+    # llama.cpp's server's own constraints: a JSON schema, or a GBNF (or Lark) grammar
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingFields:
+        given = [
+            name for name in ("response_format", "json_schema", "grammar") if _constrains(getattr(self, name, None))
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not several: each constrains the whole output")
+        return self
 
     @field_validator("stop")
     @classmethod
