@@ -34,6 +34,13 @@ def add_convert_command(subparsers: Any) -> None:
         "catalog id all-minilm-l6-v2-openvino) (default: gguf)",
     )
     parser.add_argument(
+        "--graph",
+        choices=("fused", "int8", "plain"),
+        default=None,
+        help="ONNX graph: fused (ONNX Runtime's fused operators, float32), int8 (the same, int8 weights) or "
+        "plain (standard operators only) (default: the catalog entry's variant, else fused)",
+    )
+    parser.add_argument(
         "--type", dest="out_type", choices=("f32", "f16"), default="f32", help="GGUF weight type (default: f32)"
     )
     parser.add_argument("--force", action="store_true", help="convert again even if the store has an up-to-date copy")
@@ -56,9 +63,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     started = time.monotonic()
     bar = ProgressBar(f"converting {spec.model_id}", sys.stderr)
     if args.out_format == "onnx":
+        from localserve.models.catalog import catalog_variant
         from localserve.models.convert.bert_onnx import cached_onnx
 
-        path = cached_onnx(spec.path, spec.model_id, force=args.force, progress=bar)
+        variant = args.graph or catalog_variant(spec.model_id) or "fused"
+        path = cached_onnx(spec.path, spec.model_id, variant=variant, force=args.force, progress=bar)
     elif args.out_format == "openvino":
         from localserve.models.convert.bert_openvino import cached_openvino_embeddings
 

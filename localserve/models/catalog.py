@@ -146,6 +146,9 @@ class CatalogEntry(BaseModel):
     id: str
     description: str = ""
     backend: str = "llamacpp"
+    # What a converting backend builds from the folder; ONNX Runtime embeddings:
+    # fused (the default), int8 or plain (models/convert/bert_onnx.py VARIANTS).
+    variant: str = ""
     labels: tuple[str, ...] = ("chat",)
     size_bytes: int = Field(default=0, ge=0)  # approximate, for listings before a download
     license: str = ""
@@ -218,6 +221,12 @@ def catalog_backend(model_id: str) -> str:
     catalog id picks a runtime for a folder that several backends can load."""
     entry = load_catalog().get(model_id)
     return entry.backend if entry is not None else ""
+
+
+def catalog_variant(model_id: str) -> str:
+    """The `variant` of the model's catalog entry ("" if it has none or no entry)."""
+    entry = load_catalog().get(model_id)
+    return entry.variant if entry is not None else ""
 
 
 def option_layers(model_id: str, user_path: Path | None = None) -> tuple[ModelOptions, ModelOptions]:

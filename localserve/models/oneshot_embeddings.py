@@ -3,7 +3,9 @@
 A sentence-transformers BERT folder runs on any of three backends, each from
 a one-time conversion cached in the model store (no torch):
 
-* `onnx` - ONNX Runtime, on a graph built from the safetensors (`convert_onnx`);
+* `onnx` - ONNX Runtime, on a graph built from the safetensors (`convert.bert_onnx`):
+  ONNX Runtime's fused operators in float32, or their int8 form where the
+  catalog entry says `"variant": "int8"`;
 * `llamacpp` - llama.cpp, on a converted GGUF (`convert`);
 * `openvino` - OpenVINO, on an IR (`convert_openvino`).
 
@@ -122,10 +124,12 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
     if missing:  # before a conversion that would need `onnx`
         raise ModuleNotFoundError(missing)
     if path.is_dir():
+        from localserve.models.catalog import catalog_variant
         from localserve.models.convert.bert_onnx import cached_onnx
         from localserve.models.convert.cache import log_progress
 
-        path = cached_onnx(path, model_id, progress=log_progress(model_id, "ONNX"))
+        variant = catalog_variant(model_id) or "fused"
+        path = cached_onnx(path, model_id, variant=variant, progress=log_progress(model_id, f"ONNX ({variant})"))
     config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
     return OnnxEmbeddingBackend(config), path
 

@@ -1,0 +1,96 @@
+"""The BERT encoder as ONNX Runtime's fused contrib operators (domain
+`com.microsoft`), written directly instead of left for an optimizer to find.
+
+The plain graph of `bert_onnx` spells attention, GELU and the residual
+LayerNorms out of standard operators; ONNX Runtime's transformer optimizer
+does not recognise that spelling, so each layer ran as ~30 small kernels.
+Here every layer is five nodes, the same ones `onnxruntime.transformers.
+optimizer.optimize_model(model_type="bert")` leaves after fusing an optimum
+export:
+
+    EmbedLayerNormalization (once) -> per layer: Attention -> MatMul ->
+    SkipLayerNormalization -> MatMul -> BiasGelu -> MatMul -> SkipLayerNormalization
+
+The arithmetic is the plain graph's (exact erf GELU, -1e4 on padding keys),
+so embeddings agree to float rounding. Only ONNX Runtime runs these
+operators; OpenVINO converts the plain graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from localserve.models.convert.bert_onnx import Graph
+
+MS_DOMAIN = "com.microsoft"
+
+
+class FusedGraph(Graph):
+    """A `Graph` whose embeddings and layers are ONNX Runtime contrib operators."""
+
+    opset_domains = (("", 17), (MS_DOMAIN, 1))
+
+    def ms(self, kind: str, inputs: list[str], num_outputs: int = 1, **attrs: Any) -> list[str]:
+        outputs = [self._name(kind.lower()) for _ in range(num_outputs)]
+        self.nodes.append(self.h.make_node(kind, inputs, outputs, name=outputs[0], domain=MS_DOMAIN, **attrs))
+        return outputs
+
+    def embeddings(self, eps: float) -> tuple[str, str]:
+        """Word + position + token-type-0 embeddings, normalised, in one node;
+        and each row's length (`mask_index`, the mask summed: right padding).
+        Token type 0 is folded into the position table (both are constants)."""
+        from onnx import TensorProto
+
+        w = self.w
+        positions = w["embeddings.position_embeddings.weight"] + w["embeddings.token_type_embeddings.weight"][0]
+        ids = self.op("Cast", ["input_ids"], to=TensorProto.INT32)
+        mask = self.op("Cast", ["attention_mask"], to=TensorProto.INT32)
+        x, mask_index = self.ms(
+            "EmbedLayerNormalization",
+            [
+                ids,
+                "",
+                self.weight("embeddings.word_embeddings.weight"),
+                self.const("position_plus_type0", positions.astype(np.float32)),
+                "",
+                self.weight("embeddings.LayerNorm.weight"),
+                self.weight("embeddings.LayerNorm.bias"),
+                mask,
+            ],
+            num_outputs=2,
+            epsilon=eps,
+        )
+        self.mask = self.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)  # for mean pooling
+        self.const("one", np.array([1]))  # pooling's axis, made by the plain embeddings
+        return x, mask_index
+
+    def layer(self, x: str, mask_index: str, p: str, num_heads: int, head_dim: int, eps: float) -> str:
+        a = f"{p}.attention.self"
+        qkv_weight = np.concatenate([self.w[f"{a}.{n}.weight"].T for n in ("query", "key", "value")], axis=1)
+        qkv_bias = np.concatenate([self.w[f"{a}.{n}.bias"] for n in ("query", "key", "value")])
+        (context,) = self.ms(
+            "Attention",
+            [
+                x,
+                self.const(f"{a}.qkv.weight", qkv_weight.astype(np.float32)),
+                self.const(f"{a}.qkv.bias", qkv_bias.astype(np.float32)),
+                mask_index,
+            ],
+            num_heads=num_heads,
+        )
+        x = self.skip_norm(context, x, f"{p}.attention.output.dense", f"{p}.attention.output.LayerNorm", eps)
+        hidden = self.op("MatMul", [x, self.weight(f"{p}.intermediate.dense.weight", True)])
+        (gelu,) = self.ms("BiasGelu", [hidden, self.weight(f"{p}.intermediate.dense.bias")])
+        return self.skip_norm(gelu, x, f"{p}.output.dense", f"{p}.output.LayerNorm", eps)
+
+    def skip_norm(self, h: str, skip: str, dense: str, norm: str, eps: float) -> str:
+        """LayerNorm(skip + h @ W + b): the dense layer's bias goes into the norm node."""
+        projected = self.op("MatMul", [h, self.weight(f"{dense}.weight", True)])
+        (out,) = self.ms(
+            "SkipLayerNormalization",
+            [projected, skip, self.weight(f"{norm}.weight"), self.weight(f"{norm}.bias"), self.weight(f"{dense}.bias")],
+            epsilon=eps,
+        )
+        return out
