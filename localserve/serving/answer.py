@@ -16,6 +16,7 @@ from localserve.backends.base import Tokenizer
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
 from localserve.serving.generation import MergedStreams, event_error, submit_all
 from localserve.serving.models import ChatModel
+from localserve.serving.reasoning import REASONING, ReasoningFormat, ReasoningParser, split_reasoning
 from localserve.serving.sampling import check_logit_bias, per_choice, sampling_for, validate
 from localserve.serving.tools import ToolPlan
 from localserve.serving.tools_parse import Delta as ParserDelta
@@ -25,6 +26,7 @@ from localserve.serving.types import (
     ChoiceResult,
     Delta,
     Options,
+    ReasoningDelta,
     TextDelta,
     ToolCallArguments,
     ToolCallEnd,
@@ -44,6 +46,7 @@ async def submit(
     plan: ToolPlan | None = None,
     prompt_param: str,
     truncated: bool = False,
+    reasoning: ReasoningFormat | None = None,
 ) -> Answer:
     """Queue `options.num_choices` requests per prompt (choice `p * n + i` is
     choice i of prompt p); all or none."""
@@ -58,7 +61,9 @@ async def submit(
         model.engine, model.model_id, answer_id, choices, priority=options.priority, prompt_param=prompt_param
     )
     stops = options.sampling.stop
-    return Answer(model, answer_id, MergedStreams(streams), list(prompts), options.num_choices, plan, stops, truncated)
+    return Answer(
+        model, answer_id, MergedStreams(streams), list(prompts), options.num_choices, plan, stops, truncated, reasoning
+    )
 
 
 class ChoiceStream:
@@ -67,12 +72,19 @@ class ChoiceStream:
     the choice's output token ids and when its first token came."""
 
     def __init__(
-        self, index: int, *, tools: bool, stops: tuple[str, ...] = (), tokenizer: Tokenizer | None = None
+        self,
+        index: int,
+        *,
+        tools: bool,
+        stops: tuple[str, ...] = (),
+        tokenizer: Tokenizer | None = None,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.index = index
         self.token_ids: list[int] = []
         self.first_token_ns = 0
         self.parser = ToolCallParser() if tools else None
+        self.thinking = ReasoningParser(reasoning) if reasoning is not None else None
         self._stops = stops
         self._tokenizer = tokenizer
 
@@ -88,19 +100,31 @@ class ChoiceStream:
         if event.finish_reason is FinishReason.ERROR:
             return [ChoiceEnd(index, FinishReason.ERROR.value, _usage(event), error=event_error(event))]
         out: list[Delta] = []
-        if parser is None:
-            if event.text or event.logprobs:
-                out.append(TextDelta(index, event.text, event.logprobs))
+        if self.thinking is None:
+            out += self._content(event.text, event.logprobs)
         else:
-            out += _typed(index, parser, parser.feed(event.text), event.logprobs)
+            logprobs = event.logprobs
+            for kind, text in self.thinking.feed(event.text):
+                out += [ReasoningDelta(index, text, logprobs)] if kind == REASONING else self._content(text, logprobs)
+                logprobs = ()
+            if logprobs:
+                out.append(TextDelta(index, "", logprobs))
         if event.finish_reason is not None:
             num_calls = 0
+            for kind, text in self.thinking.finish() if self.thinking is not None else ():
+                out += [ReasoningDelta(index, text)] if kind == REASONING else self._content(text, ())
             if parser is not None:
                 out += _typed(index, parser, parser.finish(), ())
                 num_calls = len(parser.calls)
             stop = self.stop_sequence(event)
             out.append(ChoiceEnd(index, event.finish_reason.value, _usage(event), num_calls, stop))
         return out
+
+    def _content(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> list[Delta]:
+        """The answer's text (tool calls read out of it, with tools)."""
+        if self.parser is not None:
+            return _typed(self.index, self.parser, self.parser.feed(text), logprobs)
+        return [TextDelta(self.index, text, logprobs)] if text or logprobs else []
 
     def stop_sequence(self, event: TokenEvent) -> str | None:
         """The stop string that ended the choice, if one did. The engine keeps
@@ -129,6 +153,7 @@ class Answer:
         plan: ToolPlan | None,
         stops: tuple[str, ...],
         truncated: bool,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.id = answer_id
         self.model = model
@@ -136,10 +161,11 @@ class Answer:
         self.num_choices_per_prompt = num_choices_per_prompt
         self.plan = plan
         self.truncated = truncated
+        self.reasoning = reasoning
         self.submitted_ns = time.monotonic_ns()
         self._merged = merged
         self._choices = [
-            ChoiceStream(i, tools=plan is not None, stops=stops, tokenizer=model.tokenizer)
+            ChoiceStream(i, tools=plan is not None, stops=stops, tokenizer=model.tokenizer, reasoning=reasoning)
             for i in range(len(merged.streams))
         ]
 
@@ -214,10 +240,11 @@ class Answer:
             self.abort()
         for result, choice in zip(results, self._choices, strict=True):
             result.token_ids = choice.token_ids
+            result.reasoning, answer_text = split_reasoning(result.text, self.reasoning)
             if self.plan is None:
-                result.content = result.text
+                result.content = answer_text
             else:
-                reply = parse_reply(result.text)
+                reply = parse_reply(answer_text)
                 result.content, result.tool_calls = reply.content, reply.calls
         return results
 

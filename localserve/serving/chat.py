@@ -10,6 +10,7 @@ from localserve.serving.answer import Answer, submit
 from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ChatModel, ModelHost, open_chat_model
 from localserve.serving.prompts import chat_prompt
+from localserve.serving.reasoning import ReasoningFormat
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
 from localserve.serving.types import ChatRequest
 
@@ -23,7 +24,10 @@ async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -
         raise InvalidRequestError(
             f"{param} cannot be combined with tools; leave {param} out or let no tool be called", param=param
         )
-    prompt_ids = await chat_prompt_ids(model, request, plan)
+    reasoning = ReasoningFormat.of(model.template)
+    prompt_ids = await chat_prompt_ids(model, request, plan, reasoning if request.think is False else None)
+    if request.think is False:
+        reasoning = None  # the section is closed: all of the output is the answer
     grammar = plan.grammar if plan is not None else grammar_for(request.output)
     return await submit(
         model,
@@ -34,15 +38,20 @@ async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -
         grammar_param="tools" if plan is not None else (request.output.param if request.output else ""),
         plan=plan,
         prompt_param=request.prompt_param,
+        reasoning=reasoning if grammar is None else None,  # a grammar leaves no room for a think section
     )
 
 
-async def chat_prompt_ids(model: ChatModel, request: ChatRequest, plan: ToolPlan | None) -> list[int]:
+async def chat_prompt_ids(
+    model: ChatModel, request: ChatRequest, plan: ToolPlan | None, no_thinking: ReasoningFormat | None = None
+) -> list[int]:
     """The prompt's token ids, rendered and tokenized off the event loop (a
     long conversation takes a while, and the loop must keep streaming)."""
     template = model.template
     messages, tools = prompt_messages([m.for_template() for m in request.messages], plan, template)
-    return await asyncio.to_thread(chat_prompt, template, model.tokenizer, messages, tools, param=request.prompt_param)
+    return await asyncio.to_thread(
+        chat_prompt, template, model.tokenizer, messages, tools, param=request.prompt_param, no_thinking=no_thinking
+    )
 
 
 async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.errors import InvalidRequestError
+from localserve.serving.reasoning import ReasoningFormat
 
 
 class TemplateCache:
@@ -45,10 +46,16 @@ def chat_prompt(
     tools: Sequence[dict[str, Any]] | None = None,
     *,
     param: str = "messages",
+    no_thinking: ReasoningFormat | None = None,
 ) -> list[int]:
     """Render `messages` (and `tools`, for templates that take them) with the
-    generation prompt, and tokenize the result."""
-    text = template.render(messages, add_generation_prompt=True, tools=tools)
+    generation prompt, and tokenize the result. `no_thinking`: the model's
+    reasoning format, whose think section is closed in the prompt."""
+    if no_thinking is None:
+        text = template.render(messages, add_generation_prompt=True, tools=tools)
+    else:
+        text = template.render(messages, add_generation_prompt=True, tools=tools, enable_thinking=False)
+        text = no_thinking.closed_prompt(text)
     token_ids = encode_text(tokenizer, text)
     if not token_ids:
         raise InvalidRequestError("the messages render to an empty prompt", param=param)

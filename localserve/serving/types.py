@@ -121,6 +121,7 @@ class ChatRequest:
     tools: Tools | None = None
     output: OutputFormat | None = None
     prompt_param: str = "messages"
+    think: bool | None = None  # False: close a reasoning model's think section in the prompt (serving/reasoning.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +202,15 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """New reasoning text of choice `index` (serving/reasoning.py)."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallStart:
     """Choice `index` began tool call `call_index`: its id and name are known."""
 
@@ -262,7 +272,7 @@ class ChoiceEnd:
     error: LocalServeError | None = None
 
 
-Delta = TextDelta | ToolCallStart | ToolCallArguments | ToolCallEnd | ChoiceEnd
+Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | ToolCallEnd | ChoiceEnd
 
 
 @dataclass(slots=True)
@@ -279,3 +289,4 @@ class ChoiceResult:
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str | None = None
     stop_sequence: str | None = None
+    reasoning: str | None = None  # the think section's text, for a reasoning model (None: no section)

@@ -8,6 +8,7 @@ import itertools
 import json
 from pathlib import Path
 
+import llguidance
 import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
@@ -108,7 +109,8 @@ async def test_logprobs_stop_strings_and_max_tokens_hold_with_drafts(backend: Ll
 
 
 async def test_a_grammar_and_seeded_sampling_work_with_drafts(backend: LlamaCppBackend) -> None:
-    grammar = 'root ::= "{" ws "\\"name\\":" ws "\\"" [a-z]+ "\\"" ws "}"\nws ::= [ ]?'
+    gbnf = 'root ::= "{" ws "\\"name\\":" ws "\\"" [a-z]+ "\\"" ws "}"\nws ::= [ ]?'
+    grammar = llguidance.grammar_from("gbnf", gbnf)
     prompt = [chat(backend, 'Answer in JSON like {"name": "bob"}. {"name": "ann"} {"name": "bob"} Your turn:')]
     [(_, text, _)] = await generate(backend, "ngram", prompt, max_tokens=30, temperature=0.0, grammar=grammar)
     assert set(json.loads(text)) == {"name"}

@@ -39,6 +39,7 @@ from localserve.serving.types import (
     ChoiceEnd,
     ChoiceResult,
     Delta,
+    ReasoningDelta,
     TextDelta,
     ToolCallArguments,
     ToolCallEnd,
@@ -130,7 +131,11 @@ def message_json(msg_id: str, model: str, content: list[dict[str, Any]], usage: 
 
 
 def whole_message(answer: Answer, result: ChoiceResult) -> dict[str, Any]:
-    content: list[dict[str, Any]] = [{"type": "text", "text": result.content}] if result.content else []
+    content: list[dict[str, Any]] = []
+    if result.reasoning is not None:
+        content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
+    if result.content:
+        content.append({"type": "text", "text": result.content})
     content += [
         {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": call.arguments_object()}
         for call in result.tool_calls
@@ -149,7 +154,7 @@ class MessageEvents:
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.num_blocks = 0
-        self.open_block: str | None = None  # "text" or "tool_use"
+        self.open_block: str | None = None  # "thinking", "text" or "tool_use"
 
     def opening(self) -> list[Event]:
         usage = usage_json(Usage(), num_prompt_tokens=len(self.answer.prompt_ids[0]))
@@ -160,6 +165,10 @@ class MessageEvents:
         if isinstance(delta, TextDelta) and delta.text:
             out = [] if self.open_block == "text" else self._start({"type": "text", "text": ""})
             return [*out, self._delta({"type": "text_delta", "text": delta.text})]
+        if isinstance(delta, ReasoningDelta) and delta.text:
+            thinking = {"type": "thinking", "thinking": "", "signature": ""}
+            out = [] if self.open_block == "thinking" else self._start(thinking)
+            return [*out, self._delta({"type": "thinking_delta", "thinking": delta.text})]
         if isinstance(delta, ToolCallStart):
             block = {"type": "tool_use", "id": tool_use_id(delta.call_id), "name": delta.name, "input": {}}
             return self._start(block)

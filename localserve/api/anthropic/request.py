@@ -6,7 +6,9 @@ Content is a string or a list of blocks: `text`, `tool_use` (an earlier call
 of the model: `id`, `name`, `input`) and `tool_result` (its result:
 `tool_use_id`, `content`, `is_error`). `thinking` blocks a client sends back
 are skipped; images and documents are refused (the models here read text).
-`metadata`, `thinking` and `service_tier` are accepted and ignored.
+`thinking` `{"type": "disabled"}` closes a reasoning model's think section
+in the prompt; otherwise its thinking comes back in `thinking` blocks.
+`metadata` and `service_tier` are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}
     priority: float | str | None = None  # this server's extension
 
     @field_validator("priority")
@@ -105,7 +108,9 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
     messages = [Message("system", system_text(body.system))] if body.system else []
     messages += turns(body.messages)
     options = Options()
+    think = None
     if isinstance(body, MessagesRequest):
+        think = False if (body.thinking or {}).get("type") == "disabled" else None
         defaults = SamplingParams()
         sampling = SamplingParams(
             temperature=defaults.temperature if body.temperature is None else body.temperature,
@@ -114,7 +119,7 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
             stop=tuple(s for s in body.stop_sequences or () if s),
         )
         options = Options(sampling=sampling, max_tokens=body.max_tokens, priority=parse_priority(body.priority))
-    return ChatRequest(body.model, tuple(messages), options, tools=_tools(body))
+    return ChatRequest(body.model, tuple(messages), options, tools=_tools(body), think=think)
 
 
 def system_text(system: str | list[dict[str, Any]] | None) -> str:

@@ -73,6 +73,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         ollama_options(body.options, priority=parse_priority(None)),
         tools=tools,
         output=_output_format(body.format),
+        think=False if body.think is False else None,
     )
     answer = await start_chat(host, chat_request, answer_id=new_id("ollama"))
     return await _answer(request, answer, ChatLines(body.model, started_ns), stream=body.stream)

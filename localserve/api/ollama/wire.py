@@ -26,6 +26,7 @@ from localserve.serving.types import (
     HistoryCall,
     Message,
     Options,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallEnd,
@@ -92,7 +93,8 @@ class _OllamaRequest(_Model):
     # How long the model stays loaded once idle; read from the body by
     # api.leases when the model is acquired (Ollama's semantics).
     keep_alive: str | float | None = None
-    think: bool | str | None = None  # no model here thinks; accepted and ignored
+    # false: a reasoning model's think section is closed in the prompt; else its thinking comes in `thinking`
+    think: bool | str | None = None
 
 
 class OllamaChatRequest(_OllamaRequest):
@@ -219,8 +221,10 @@ class ChatLines(OllamaLines):
     `arguments` as an object."""
 
     @staticmethod
-    def _message(content: str, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    def _message(content: str, calls: Sequence[ToolCall] = (), thinking: str | None = None) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking is not None:
+            message["thinking"] = thinking
         if calls:
             message["tool_calls"] = [
                 {"function": {"name": call.name, "arguments": call.arguments_object()}} for call in calls
@@ -233,12 +237,14 @@ class ChatLines(OllamaLines):
     def _pieces(self, delta: Delta) -> list[dict[str, Any]]:
         if isinstance(delta, TextDelta) and delta.text:
             return [self._line(self._message(delta.text), done=False)]
+        if isinstance(delta, ReasoningDelta) and delta.text:
+            return [self._line(self._message("", thinking=delta.text), done=False)]
         if isinstance(delta, ToolCallEnd):
             return [self._line(self._message("", [delta.call]), done=False)]
         return []
 
     def _whole(self, result: ChoiceResult) -> dict[str, Any]:
-        return self._message(result.content or "", result.tool_calls)
+        return self._message(result.content or "", result.tool_calls, result.reasoning)
 
 
 class GenerateLines(OllamaLines):

@@ -16,7 +16,15 @@ from localserve.engine.types import TokenLogprob
 from localserve.serving.openai.chat import start, whole
 from localserve.serving.openai.schemas import ChatCompletionRequest
 from localserve.serving.openai.wire import AnswerMeta, chat_logprobs, usage
-from localserve.serving.types import ChoiceEnd, Delta, TextDelta, ToolCallArguments, ToolCallStart, Usage
+from localserve.serving.types import (
+    ChoiceEnd,
+    Delta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallStart,
+    Usage,
+)
 
 
 class ChatChunkFormat:
@@ -53,6 +61,8 @@ class ChatChunkFormat:
             out.append(self._chunk(index, {"role": "assistant", "content": ""}))
         if isinstance(delta, TextDelta):
             out.append(self._chunk(index, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs)))
+        elif isinstance(delta, ReasoningDelta):  # as llama-server and vLLM stream a model's thinking
+            out.append(self._chunk(index, {"reasoning_content": delta.text}, logprobs=self._logprobs(delta.logprobs)))
         elif isinstance(delta, ToolCallStart):
             function = {"name": delta.name, "arguments": ""}
             call = {"index": delta.call_index, "id": delta.call_id, "type": "function", "function": function}

@@ -33,6 +33,7 @@ from localserve.serving.openai.responses import (
     call_item,
     item_id,
     message_item,
+    reasoning_item,
     start,
     text_part,
     whole,
@@ -41,6 +42,7 @@ from localserve.serving.openai.responses_request import ResponsesRequest
 from localserve.serving.types import (
     ChoiceEnd,
     Delta,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallArguments,
@@ -62,6 +64,7 @@ class ResponseEvents:
         self.sequence_number = 0
         self.message: dict[str, Any] | None = None  # the message item being written
         self.text = ""
+        self.thinking: dict[str, Any] | None = None  # the reasoning item being written
         self.calls: dict[int, dict[str, Any]] = {}  # call index -> its item, while open
 
     def _event(self, kind: str, **fields: Any) -> Event:
@@ -74,12 +77,14 @@ class ResponseEvents:
         return [self._event("response.created", response=state), self._event("response.in_progress", response=state)]
 
     def events(self, delta: Delta) -> list[Event]:
+        if isinstance(delta, ReasoningDelta):
+            return self._reasoning(delta.text) if delta.text else []
         if isinstance(delta, TextDelta):
-            return self._text(delta.text) if delta.text else []
+            return [*self._close_reasoning(), *self._text(delta.text)] if delta.text else []
         if isinstance(delta, ToolCallStart):
             call = call_item(item_id("fc"), ToolCall(delta.call_id, delta.name, ""), status="in_progress")
             self.calls[delta.call_index] = call
-            return [*self._close_message(), self._added(call)]
+            return [*self._close_reasoning(), *self._close_message(), self._added(call)]
         if isinstance(delta, ToolCallArguments):
             call = self.calls[delta.call_index]
             call["arguments"] += delta.arguments
@@ -94,6 +99,30 @@ class ResponseEvents:
     def _added(self, item: dict[str, Any]) -> Event:
         self.response.output.append(item)
         return self._event("response.output_item.added", output_index=len(self.response.output) - 1, item=dict(item))
+
+    def _reasoning(self, text: str) -> list[Event]:
+        out = []
+        if self.thinking is None:
+            self.thinking = reasoning_item(item_id("rs"), "", status="in_progress")
+            out.append(self._added(self.thinking))
+        part = self.thinking["content"][0]
+        part["text"] += text
+        index = self.response.output.index(self.thinking)
+        fields = {"item_id": self.thinking["id"], "output_index": index, "content_index": 0}
+        out.append(self._event("response.reasoning_text.delta", **fields, delta=text))
+        return out
+
+    def _close_reasoning(self) -> list[Event]:
+        if self.thinking is None:
+            return []
+        item, self.thinking = self.thinking, None
+        item["status"] = "completed"
+        index = self.response.output.index(item)
+        fields = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            self._event("response.reasoning_text.done", **fields, text=item["content"][0]["text"]),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _text(self, text: str) -> list[Event]:
         out = []
@@ -142,9 +171,10 @@ class ResponseEvents:
 
     def _end(self, end: ChoiceEnd) -> list[Event]:
         status = "incomplete" if end.finish_reason == "length" else "completed"
-        if not self.response.output:
-            self._text("")  # an empty answer is still one message
-        out = self._close_message(status)
+        out = self._close_reasoning()
+        if not any(item["type"] != "reasoning" for item in self.response.output):
+            out += self._text("")  # an empty answer is still one message
+        out += self._close_message(status)
         for call_index in list(self.calls):  # a call the token limit cut short
             out += self._close_call(call_index, "incomplete")
         self.response.finish(end.finish_reason, end.usage)

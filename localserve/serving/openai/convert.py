@@ -95,6 +95,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
         options,
         tools=tools(body.tools, body.tool_choice, parallel=body.parallel_tool_calls),
         output=output_format(body.response_format, body),
+        think=False if body.reasoning_effort == "none" else None,
     )
 
 

@@ -100,9 +100,18 @@ def call_item(fc_id: str, call: ToolCall, status: str = "completed") -> dict[str
     return {"id": fc_id, "type": "function_call", "status": status, **fields}
 
 
+def reasoning_item(rs_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A model's thinking (serving/reasoning.py) as a `reasoning` item."""
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"id": rs_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def whole_response(response: ResponseObject, result: ChoiceResult) -> dict[str, Any]:
-    """A whole answer: a message with the text (if any, or if there is no
-    call), then one `function_call` item per call."""
+    """A whole answer: the reasoning (for a reasoning model), a message with
+    the text (if any, or if there is no call), then one `function_call` item
+    per call."""
+    if result.reasoning is not None:
+        response.output.append(reasoning_item(item_id("rs"), result.reasoning))
     if result.content or not result.tool_calls:
         response.output.append(message_item(item_id("msg"), [text_part(result.content or "")]))
     response.output += [call_item(item_id("fc"), call) for call in result.tool_calls]

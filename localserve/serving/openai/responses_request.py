@@ -94,6 +94,7 @@ class ResponsesRequest(_Model):
     user: str | None = None
     seed: int | None = None  # an extension, as on chat completions
     priority: float | str | None = None  # this server's extension
+    reasoning: dict[str, Any] | None = None  # {"effort": "none"} closes a reasoning model's think section
 
     @model_validator(mode="after")
     def _stateless(self) -> ResponsesRequest:
@@ -147,8 +148,15 @@ def chat_request(body: ResponsesRequest) -> ChatRequest:
         seed=body.seed,
     )
     options = Options(sampling=sampling, max_tokens=body.max_output_tokens, priority=parse_priority(body.priority))
+    think = False if (body.reasoning or {}).get("effort") == "none" else None
     return ChatRequest(
-        body.model, tuple(messages), options, tools=_tools(body), output=_output(body), prompt_param="input"
+        body.model,
+        tuple(messages),
+        options,
+        tools=_tools(body),
+        output=_output(body),
+        prompt_param="input",
+        think=think,
     )
 
 
@@ -177,7 +185,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
             output = _content_text(item.get("output"), f"{where}.output")
             out.append(Message("tool", output, name=names.get(call_id), tool_call_id=call_id))
         elif kind == "reasoning":
-            continue  # a client's copy of reasoning: no model here reasons
+            continue  # a client's copy of earlier reasoning: templates drop it from the history too
         elif kind == "item_reference":
             raise InvalidRequestError(STATELESS.format(what="item references"), param=where)
         else:

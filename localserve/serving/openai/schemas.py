@@ -226,6 +226,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # "none" closes a reasoning model's think section in the prompt; the other efforts change nothing here
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     @field_validator("tools")
     @classmethod

@@ -111,6 +111,8 @@ def chat_completion(
     choices = []
     for result in results:
         message: JsonDict = {"role": "assistant", "content": result.content, "refusal": None}
+        if result.reasoning is not None:
+            message["reasoning_content"] = result.reasoning
         finish_reason = result.finish_reason
         if result.tool_calls:
             message["tool_calls"] = [tool_call(call) for call in result.tool_calls]

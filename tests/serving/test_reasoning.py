@@ -1,0 +1,68 @@
+"""The reasoning parser on scripted output (issue 31): streamed in every
+possible split, the reasoning and the answer come out the same as whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from localserve.backends.chat_template import ChatTemplate
+from localserve.serving.reasoning import CONTENT, REASONING, ReasoningFormat, ReasoningParser, split_reasoning
+
+CLOSED = ReasoningFormat()
+OPENED = ReasoningFormat(starts_open=True)
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    "{# the model writes <think> ... </think> first #}"
+)
+R1_LIKE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}{# ends with </think> #}"
+)
+
+
+def _streamed(text: str, fmt: ReasoningFormat, sizes: list[int]) -> tuple[str, str]:
+    parser = ReasoningParser(fmt)
+    pieces, i = [], 0
+    for size in sizes:
+        pieces += parser.feed(text[i : i + size])
+        i += size
+    pieces += parser.feed(text[i:]) + parser.finish()
+    return (
+        "".join(t for kind, t in pieces if kind == REASONING),
+        "".join(t for kind, t in pieces if kind == CONTENT),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "reasoning", "content"),
+    [
+        ("<think>\nLet me add.\n</think>\n\nIt is 4.", CLOSED, "Let me add.\n", "It is 4."),
+        ("  <think>a < b</think>yes", CLOSED, "a < b", "yes"),
+        ("Just an answer <think> not at the start", CLOSED, None, "Just an answer <think> not at the start"),
+        ("Thinking first.\n</think>\n\nThe answer.", OPENED, "Thinking first.\n", "The answer."),
+        ("<think>cut off by max_tokens", CLOSED, "cut off by max_tokens", ""),
+        ("", OPENED, "", ""),
+    ],
+)
+def test_split_whole_and_in_every_split(text: str, fmt: ReasoningFormat, reasoning: str | None, content: str) -> None:
+    assert split_reasoning(text, fmt) == (reasoning, content)
+    for size in (1, 2, 3, 5, 7):
+        assert _streamed(text, fmt, [size] * (len(text) // size)) == (reasoning or "", content)
+
+
+def test_the_template_tells_the_format() -> None:
+    plain = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert ReasoningFormat.of(plain) is None
+    qwen = ReasoningFormat.of(ChatTemplate(QWEN3_LIKE))
+    assert qwen is not None and not qwen.starts_open
+    r1 = ReasoningFormat.of(ChatTemplate(R1_LIKE))
+    assert r1 is not None and r1.starts_open
+
+
+def test_closing_the_section_in_the_prompt() -> None:
+    assert CLOSED.closed_prompt("<|assistant|>") == "<|assistant|><think>\n\n</think>\n\n"
+    assert OPENED.closed_prompt("<|assistant|><think>\n") == "<|assistant|><think>\n\n</think>\n\n"
+    done = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert CLOSED.closed_prompt(done) == done
