@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -339,5 +340,46 @@ def test_http_chat_answers_paris(decoder_folder: Path) -> None:
         assert reply.choices[0].finish_reason in ("stop", "length")
         models = client.models.list()
         assert [m.id for m in models.data] == ["smol"]
+        _structured_output_and_tools(client)
     finally:
         server.stop()
+
+
+def _structured_output_and_tools(client: Any) -> None:
+    """The same surface as on llama.cpp (issue 31): a strict JSON schema,
+    JSON mode, a forced tool call that ends when the call closes, and auto."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20}},
+        "required": ["city", "country"],
+    }
+    ask = [{"role": "user", "content": "Name a city and its country."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    reply = client.chat.completions.create(model="smol", messages=ask, max_tokens=60, temperature=0.0, response_format=fmt)
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"city", "country"} and reply.choices[0].finish_reason == "stop"
+    example = [{"role": "user", "content": 'Reply with JSON like {"city": "Rome", "country": "Italy"} for France.'}]
+    reply = client.chat.completions.create(
+        model="smol", messages=example, max_tokens=100, temperature=0.0, response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    reply = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        max_tokens=80,
+        temperature=0.0,
+        tools=[weather],
+        tool_choice=forced,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and reply.usage.completion_tokens < 80
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
