@@ -156,6 +156,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_SPECULATIVE": "draft",
         "LOCALSERVE_DRAFT_MODEL": "/m/draft.gguf",
         "LOCALSERVE_DRAFT_MAX": "4",
+        "LOCALSERVE_REASONING_BUDGET": "256",
         "LOCALSERVE_PREFIX_CACHE_DISK": "2G",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
@@ -189,6 +190,7 @@ def test_every_option_reads_its_env_var() -> None:
         speculative="draft",
         draft_model="/m/draft.gguf",
         draft_max=4,
+        reasoning_budget=256,
         prefix_cache_disk=2 << 30,
     )
 

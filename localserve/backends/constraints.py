@@ -28,7 +28,7 @@ brings no torch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,6 +37,9 @@ from localserve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     import llguidance
+
+    from localserve.backends.base import Tokenizer
+    from localserve.engine.types import SamplingParams
 
 #: Sequences in one step whose masks are computed in parallel before the
 #: pool is worth its hand-off.
@@ -111,6 +114,58 @@ class GrammarMatcher:
     def _allowed_ids_mask(self) -> np.ndarray:
         assert self._mask is not None
         return np.unpackbits(self._mask.view(np.uint8), bitorder="little").view(np.bool_)
+
+
+class ThinkBudget:
+    """Caps a reasoning model's think section (serving/reasoning.py): once
+    `budget` tokens were written inside it, the closing marker's tokens are
+    forced, one per sample, unless the model closed the section itself."""
+
+    __slots__ = ("_budget", "_close", "_token_bytes", "_inside", "_count", "_tail", "_forcing")
+
+    OPEN, CLOSE = b"<think>", b"</think>"
+
+    def __init__(
+        self, budget: int, close_ids: Sequence[int], token_bytes: Callable[[int], bytes], *, opened: bool
+    ) -> None:
+        self._budget = budget
+        self._close = tuple(close_ids)
+        self._token_bytes = token_bytes
+        self._inside: bool | None = opened  # None once the section is over
+        self._count = 0
+        self._tail = b""
+        self._forcing = 0  # close tokens forced so far
+
+    def forced(self) -> int | None:
+        """The token to write now instead of sampling, if any."""
+        if self._inside is not True or self._count < self._budget:
+            return None
+        token = self._close[self._forcing]
+        self._forcing += 1
+        if self._forcing == len(self._close):
+            self._inside = None
+        return token
+
+    def note(self, token_id: int) -> None:
+        """A token the model wrote (or that was forced)."""
+        if self._inside is None:
+            return
+        self._tail = (self._tail + self._token_bytes(token_id))[-32:]
+        if self._inside:
+            self._count += 1
+            if self.CLOSE in self._tail:
+                self._inside = None
+        elif self.OPEN in self._tail:
+            self._inside, self._tail = True, self._tail[self._tail.index(self.OPEN) + len(self.OPEN) :]
+        elif self._tail.strip():
+            self._inside = None  # the answer began without a think section
+
+
+def think_budget(params: SamplingParams, tokenizer: Tokenizer) -> ThinkBudget | None:
+    if params.think_budget is None:
+        return None
+    close = tokenizer.encode(f"\n{ThinkBudget.CLOSE.decode()}\n\n", add_special=False, parse_special=True)
+    return ThinkBudget(params.think_budget, close, tokenizer.token_bytes, opened=params.think_opened)
 
 
 def mask_words(vocab_size: int) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from localserve.backends.base import GenerativeBackend
-from localserve.backends.constraints import GrammarMatcher
+from localserve.backends.constraints import GrammarMatcher, think_budget
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, token_logprob
 from localserve.engine.types import (
@@ -303,7 +303,8 @@ class KvDecoderBackend(GenerativeBackend):
         if sampler is None:
             grammar = chunk.sampling.grammar
             matcher = self._matcher(grammar) if grammar is not None else None
-            sampler = self._samplers[chunk.seq_id] = NumpySampler(chunk.sampling, matcher)
+            budget = think_budget(chunk.sampling, self._tokenizer)
+            sampler = self._samplers[chunk.seq_id] = NumpySampler(chunk.sampling, matcher, budget)
         token_id = sampler.sample(logits)
         logprob = None
         if chunk.sampling.logprobs is not None:

@@ -14,7 +14,7 @@ from collections import Counter, deque
 
 import numpy as np
 
-from localserve.backends.constraints import GrammarMatcher
+from localserve.backends.constraints import GrammarMatcher, ThinkBudget
 from localserve.engine.types import SamplingParams, TokenLogprob
 from localserve.errors import InvalidRequestError
 
@@ -28,11 +28,14 @@ class NumpySampler:
     grammar (backends/constraints.py: sample, check, and mask and sample
     again only when the grammar refuses the token)."""
 
-    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "ended")
+    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "_budget", "ended")
 
-    def __init__(self, params: SamplingParams, matcher: GrammarMatcher | None = None) -> None:
+    def __init__(
+        self, params: SamplingParams, matcher: GrammarMatcher | None = None, budget: ThinkBudget | None = None
+    ) -> None:
         self.params = params
         self._matcher = matcher
+        self._budget = budget
         self.ended = False  # the grammar ended the sequence
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         self._rng = np.random.default_rng(seed & 0xFFFFFFFF)
@@ -44,7 +47,23 @@ class NumpySampler:
             self._bias = (ids, np.array([b for _, b in params.logit_bias], dtype=np.float32))
 
     def sample(self, logits: np.ndarray) -> int:
-        """Pick (and remember) the next token from one row of logits."""
+        """Pick (and remember) the next token from one row of logits; the
+        closing marker's tokens instead once a think budget is spent."""
+        budget = self._budget
+        if budget is None:
+            return self._sample(logits)
+        token = budget.forced()
+        if token is None:
+            token = self._sample(logits)
+        else:
+            if self._matcher is not None:
+                self._matcher.consume(token)
+            if self._history.maxlen != 0:
+                self._history.append(token)
+        budget.note(token)
+        return token
+
+    def _sample(self, logits: np.ndarray) -> int:
         p = self.params
         row = logits.astype(np.float32, copy=True)
         if self._bias is not None:

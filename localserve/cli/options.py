@@ -272,6 +272,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("--draft-max", "draft_max", int_at_least(1), "drafted tokens one sequence may verify in a step", "N"),
     Option(
+        "--reasoning-budget",
+        "reasoning_budget",
+        int_at_least(-1),
+        "thinking tokens a reasoning model may write before its think section is closed for it "
+        "(-1: no limit, 0: no thinking); a request's own budget (Anthropic's thinking.budget_tokens) is used instead",
+        "N",
+    ),
+    Option(
         "--prefix-cache-disk",
         "prefix_cache_disk",
         byte_size,

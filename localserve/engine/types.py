@@ -70,6 +70,10 @@ class SamplingParams:
     grammar: str | None = None  # an llguidance grammar (serving/grammar.py); constrains every sampled token
     logit_bias: tuple[tuple[int, float], ...] = ()
     speculative: bool = True  # may draft tokens when the model speculates (`"speculative": false` turns it off)
+    think_budget: int | None = (
+        None  # a reasoning model's thinking tokens before </think> is forced (serving/reasoning.py)
+    )
+    think_opened: bool = False  # the prompt opened the think section (the output starts inside it)
 
     @property
     def greedy(self) -> bool:

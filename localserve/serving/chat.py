@@ -4,13 +4,14 @@ the model's own template, into the engine as an `Answer`."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from localserve.errors import InvalidRequestError
 from localserve.serving.answer import Answer, submit
 from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ChatModel, ModelHost, open_chat_model
 from localserve.serving.prompts import chat_prompt
-from localserve.serving.reasoning import ReasoningFormat
+from localserve.serving.reasoning import ReasoningFormat, reasoning_grammar
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
 from localserve.serving.types import ChatRequest
 
@@ -25,20 +26,30 @@ async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -
             f"{param} cannot be combined with tools; leave {param} out or let no tool be called", param=param
         )
     reasoning = ReasoningFormat.of(model.template)
-    prompt_ids = await chat_prompt_ids(model, request, plan, reasoning if request.think is False else None)
-    if request.think is False:
-        reasoning = None  # the section is closed: all of the output is the answer
+    budget = request.reasoning_budget
+    if budget is None and host.registry.settings.reasoning_budget >= 0:
+        budget = host.registry.settings.reasoning_budget
+    closed = reasoning is not None and (request.think is False or budget == 0)
+    prompt_ids = await chat_prompt_ids(model, request, plan, reasoning if closed else None)
     grammar = plan.grammar if plan is not None else grammar_for(request.output)
+    options = request.options
+    if reasoning is not None and not closed:
+        if grammar is not None:  # the grammar constrains the answer after the think section
+            grammar = reasoning_grammar(reasoning, grammar)
+        sampling = dataclasses.replace(options.sampling, think_budget=budget, think_opened=reasoning.starts_open)
+        options = dataclasses.replace(options, sampling=sampling)
+    else:
+        reasoning = None  # no section (or a closed one): all of the output is the answer
     return await submit(
         model,
         answer_id,
         [prompt_ids],
-        request.options,
+        options,
         grammar=grammar,
         grammar_param="tools" if plan is not None else (request.output.param if request.output else ""),
         plan=plan,
         prompt_param=request.prompt_param,
-        reasoning=reasoning if grammar is None else None,  # a grammar leaves no room for a think section
+        reasoning=reasoning,
     )
 
 

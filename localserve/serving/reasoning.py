@@ -16,10 +16,18 @@ dialects put the reasoning in their own fields: `reasoning_content`
 section in the prompt (`closed_prompt`): the template is rendered with
 `enable_thinking=False` (Qwen3's switch), and an empty section is written
 after the generation prompt if the template did not write one itself.
+
+A JSON schema or tools constrain the answer, not the thinking before it:
+`reasoning_grammar` puts the think section in front of the request's
+grammar. A budget (`--reasoning-budget N`, Anthropic's
+`thinking.budget_tokens`) caps the section: after N thinking tokens the
+sampler writes the closing marker itself (backends/constraints.py,
+`ThinkBudget`), as llama-server's `--reasoning-budget` does.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from localserve.backends.chat_template import ChatTemplate
@@ -130,6 +138,24 @@ def split_reasoning(text: str, fmt: ReasoningFormat | None) -> tuple[str | None,
     content = "".join(t for kind, t in pieces if kind == CONTENT)
     seen = parser._started and (fmt.starts_open or reasoning or CLOSE in text)
     return (reasoning if seen else None), content
+
+
+def reasoning_grammar(fmt: ReasoningFormat, answer: str) -> str:
+    """One llguidance grammar: the think section (anything up to its first
+    closing marker), then the answer under the grammar `answer`. A model
+    whose prompt does not open the section may also skip it."""
+    opened = "" if fmt.starts_open else f"{json.dumps(fmt.open)} "
+    close = fmt.close.replace("/", "\\/")
+    lark = "\n".join(
+        [
+            f"start: {opened}ls_think LS_GAP @ls_answer" + ("" if fmt.starts_open else " | @ls_answer"),
+            f"ls_think[lazy]: /(?s:.*){close}/",  # lazy: it ends at the first closing marker
+            "LS_GAP: /[ \\t\\n]*/",
+        ]
+    )
+    inner = json.loads(answer)["grammars"] if answer.lstrip().startswith("{") else [{"lark_grammar": answer}]
+    inner[0] = {**inner[0], "name": "ls_answer"}
+    return json.dumps({"grammars": [{"lark_grammar": lark + "\n"}, *inner]})
 
 
 def _partial(text: str, marker: str) -> int:

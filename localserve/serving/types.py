@@ -122,6 +122,9 @@ class ChatRequest:
     output: OutputFormat | None = None
     prompt_param: str = "messages"
     think: bool | None = None  # False: close a reasoning model's think section in the prompt (serving/reasoning.py)
+    reasoning_budget: int | None = (
+        None  # thinking tokens before </think> is forced; None: the server's --reasoning-budget
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ THINKING_TEMPLATE = (
     "{% else %}<think>\n{% endif %}{% endif %}"
 )
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+BUDGET = 12  # the server's --reasoning-budget: SmolLM2 never closes the section by itself
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def thinking_model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def server(thinking_model: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(make_settings(models=[str(thinking_model)], parallel=2, kv_size=4096)).start()
+    settings = make_settings(models=[str(thinking_model)], parallel=2, kv_size=4096, reasoning_budget=BUDGET)
+    srv = ServerThread(settings).start()
     try:
         srv.wait_healthy()
         yield srv
@@ -140,3 +142,35 @@ def test_responses_reasoning_items(server: ServerThread, model_id: str) -> None:
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == text
     assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+def test_the_budget_closes_the_section_and_the_answer_follows(server: ServerThread, model_id: str) -> None:
+    client = _openai(server)
+    story = [{"role": "user", "content": "Write a long story about a cat who sails around the world."}]
+    whole = client.chat.completions.create(model=model_id, messages=story, max_tokens=48, temperature=0)  # type: ignore[arg-type]
+    message = whole.choices[0].message.model_dump()
+    assert message["reasoning_content"] and message["content"], "after the budget, </think> is forced, then the answer"
+    assert len(message["reasoning_content"].split()) <= BUDGET  # words: at most one per token
+    anthropic_client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    short = anthropic_client.messages.create(
+        model=model_id,
+        max_tokens=48,
+        messages=story,  # type: ignore[arg-type]
+        extra_body={"temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 3}},
+    )
+    assert short.content[0].type == "thinking" and short.content[1].type == "text"
+    assert len(short.content[0].thinking) < len(message["reasoning_content"])
+
+
+def test_a_json_schema_constrains_the_answer_after_the_thinking(server: ServerThread, model_id: str) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    whole = _openai(server).chat.completions.create(
+        model=model_id,
+        messages=ASK,  # type: ignore[arg-type]
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    message = whole.choices[0].message.model_dump()
+    assert message["reasoning_content"]
+    assert set(json.loads(message["content"])) == {"city"} and whole.choices[0].finish_reason == "stop"

@@ -66,3 +66,21 @@ def test_closing_the_section_in_the_prompt() -> None:
     assert OPENED.closed_prompt("<|assistant|><think>\n") == "<|assistant|><think>\n\n</think>\n\n"
     done = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert CLOSED.closed_prompt(done) == done
+
+
+def test_a_grammar_constrains_only_the_answer_after_the_section() -> None:
+    from localserve.serving.grammar import grammar_for
+    from localserve.serving.reasoning import reasoning_grammar
+    from localserve.serving.types import OutputFormat
+    from tests.serving.test_tools_grammar import _accepts
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    answer = grammar_for(OutputFormat("json_schema", schema))
+    assert answer is not None
+    free_start = reasoning_grammar(CLOSED, answer)
+    assert _accepts(free_start, '<think>a < b, so {"a": "x"}</think>\n\n{"a": 1}')  # the thinking is free
+    assert _accepts(free_start, '{"a": 1}')  # the section may be skipped
+    assert not _accepts(free_start, "<think>hm</think>\nnot json", complete=False)
+    opened = reasoning_grammar(OPENED, answer)
+    assert _accepts(opened, 'first this</think>{"a": 2}')
+    assert not _accepts(opened, '{"a": 2}')  # inside the section until it is closed

@@ -7,7 +7,8 @@ of the model: `id`, `name`, `input`) and `tool_result` (its result:
 `tool_use_id`, `content`, `is_error`). `thinking` blocks a client sends back
 are skipped; images and documents are refused (the models here read text).
 `thinking` `{"type": "disabled"}` closes a reasoning model's think section
-in the prompt; otherwise its thinking comes back in `thinking` blocks.
+in the prompt; `{"type": "enabled", "budget_tokens": N}` caps it at N tokens;
+either way its thinking comes back in `thinking` blocks.
 `metadata` and `service_tier` are accepted and ignored.
 """
 
@@ -108,9 +109,12 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
     messages = [Message("system", system_text(body.system))] if body.system else []
     messages += turns(body.messages)
     options = Options()
-    think = None
+    think, budget = None, None
     if isinstance(body, MessagesRequest):
-        think = False if (body.thinking or {}).get("type") == "disabled" else None
+        thinking = body.thinking or {}
+        think = False if thinking.get("type") == "disabled" else None
+        if thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
+            budget = max(0, thinking["budget_tokens"])
         defaults = SamplingParams()
         sampling = SamplingParams(
             temperature=defaults.temperature if body.temperature is None else body.temperature,
@@ -119,7 +123,7 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
             stop=tuple(s for s in body.stop_sequences or () if s),
         )
         options = Options(sampling=sampling, max_tokens=body.max_tokens, priority=parse_priority(body.priority))
-    return ChatRequest(body.model, tuple(messages), options, tools=_tools(body), think=think)
+    return ChatRequest(body.model, tuple(messages), options, tools=_tools(body), think=think, reasoning_budget=budget)
 
 
 def system_text(system: str | list[dict[str, Any]] | None) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import llama_cpp
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
-from localserve.backends.constraints import GrammarMatcher
+from localserve.backends.constraints import GrammarMatcher, think_budget
 from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
@@ -351,6 +351,7 @@ class LlamaCppBackend(GenerativeBackend):
                         self._n_vocab,
                         self._tokenizer.eog_token_ids,
                         self._matcher(grammar) if grammar is not None else None,
+                        think_budget(chunk.sampling, self._tokenizer),
                     )
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 import llama_cpp
 import numpy as np
 
-from localserve.backends.constraints import GrammarMatcher
+from localserve.backends.constraints import GrammarMatcher, ThinkBudget
 from localserve.engine.types import SamplingParams, TokenLogprob
 from localserve.errors import InvalidRequestError
 
@@ -33,7 +33,18 @@ class SamplerChain:
     end: the grammar wins, and `ended` says so.
     """
 
-    __slots__ = ("_chain", "_matcher", "_eog", "_suppress_until", "_count", "_n_vocab", "_cands", "_ids", "ended")
+    __slots__ = (
+        "_chain",
+        "_matcher",
+        "_budget",
+        "_eog",
+        "_suppress_until",
+        "_count",
+        "_n_vocab",
+        "_cands",
+        "_ids",
+        "ended",
+    )
 
     def __init__(
         self,
@@ -41,11 +52,13 @@ class SamplerChain:
         n_vocab: int,
         eog_token_ids: Collection[int] = (),
         matcher: GrammarMatcher | None = None,
+        budget: ThinkBudget | None = None,
     ) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._matcher = matcher
+        self._budget = budget
         self._n_vocab = n_vocab
         self._count = 0
         self._cands: np.ndarray | None = None
@@ -71,7 +84,23 @@ class SamplerChain:
         return self._matcher
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
-        """Sample (and accept) the next token from the logits at `batch_index`."""
+        """Sample (and accept) the next token from the logits at `batch_index`;
+        the closing marker's tokens instead once a think budget is spent."""
+        budget = self._budget
+        if budget is None:
+            return self._sample(ctx, batch_index)
+        token = budget.forced()
+        if token is None:
+            token = self._sample(ctx, batch_index)
+        else:
+            self._count += 1
+            if self._matcher is not None:
+                self._matcher.consume(token)
+            llama_cpp.llama_sampler_accept(self._chain, token)
+        budget.note(token)
+        return token
+
+    def _sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
         suppress = self._count < self._suppress_until
         self._count += 1
         matcher = self._matcher
