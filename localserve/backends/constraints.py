@@ -13,9 +13,9 @@ microseconds), mask the logits and sample again. The result has exactly the
 masked distribution: a token x the grammar allows is picked first with
 p(x), or after a rejection (probability 1 - Z) with p(x) / Z, in all p(x) / Z,
 where Z is the allowed mass. llama.cpp's `common_sampler` does the same.
-Masks that are needed together (several sequences of one step rejected at
-once) are computed together, by llguidance's thread pool without the GIL
-(`fill_masks`).
+A mask is then computed only for a rejected token, so there is no batch of
+masks to compute ahead of a step (llguidance's thread pool, LLExecutor,
+would only take cores from llama.cpp's decode on a machine of few cores).
 
 Why llguidance rather than xgrammar (bench/structured_bench.py measures
 both): it compiles a 50-property schema in about 1 ms (xgrammar 12 ms), its
@@ -27,7 +27,6 @@ brings no torch.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -40,12 +39,6 @@ if TYPE_CHECKING:
 
     from localserve.backends.base import Tokenizer
     from localserve.engine.types import SamplingParams
-
-#: Sequences in one step whose masks are computed in parallel before the
-#: pool is worth its hand-off.
-_PARALLEL_FROM = 2
-_executor_lock = threading.Lock()
-_executor: llguidance.LLExecutor | None = None
 
 
 class GrammarMatcher:
@@ -170,33 +163,6 @@ def think_budget(params: SamplingParams, tokenizer: Tokenizer) -> ThinkBudget | 
 
 def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
-
-
-def fill_masks(matchers: Sequence[GrammarMatcher]) -> None:
-    """Compute the next-position masks of several sequences at once, in
-    llguidance's thread pool (the GIL is released meanwhile)."""
-    todo = [m for m in matchers if m._mask is None]
-    if len(todo) < _PARALLEL_FROM:
-        for m in todo:
-            m.ensure_mask()
-        return
-    from llguidance.numpy import fill_next_token_bitmask_par
-
-    words = max(mask_words(m._tokenizer.vocab_size) for m in todo)
-    masks = np.empty((len(todo), words), dtype=np.int32)
-    fill_next_token_bitmask_par(_pool(), [(m._matcher, i) for i, m in enumerate(todo)], masks)
-    for i, m in enumerate(todo):
-        m._mask = masks[i, : mask_words(m._tokenizer.vocab_size)]
-
-
-def _pool() -> llguidance.LLExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            import llguidance
-
-            _executor = llguidance.LLExecutor()
-        return _executor
 
 
 def build_tokenizer_from_json(
