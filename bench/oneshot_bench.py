@@ -14,6 +14,12 @@ served ones:
   to 12 s, decoded and cut as the API does (PyAV, VAD) on worker threads;
   `--device gpu` runs it on a GPU where CTranslate2 has CUDA.
 
+Each row also holds the ceiling for its load: the best items/s the backend's
+own `run()` gives on the same texts, sorted by length and cut into batches of
+1, 2, 4, ... up to the number of clients (no queue, the least padding), and
+the micro-batcher's items/s against it ("on / ceiling"), measured right
+before the row's two cells.
+
 A second table shows the padding ratio (padded slots / real tokens or audio
 frames) a padded backend computed at 32 clients, length grouping off vs on.
 
@@ -23,7 +29,7 @@ previous cell raises it) and records it; a machine that stays busy ends the
 run without figures, unless `--allow-busy`, which marks every such cell BUSY.
 Each cell also records the CPU that other processes used while it ran.
 
-    python bench/oneshot_bench.py [--threads 2] [--texts 256] [--clients 1,32] [--speech] [--json out.json]
+    python bench/oneshot_bench.py [--threads 2] [--texts 256] [--clients 1,4,8,32] [--speech] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,8 +64,17 @@ EMBEDDINGS, TRANSCRIPTION = ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
 from localserve.models.registry import resolve  # noqa: E402
 
 DEFAULT_ID = "all-minilm-l6-v2"
-EMBEDDING_IDS = {"onnx": ("all-minilm-l6-v2-onnx", "ONNX Runtime"), "gguf": ("all-minilm-l6-v2-gguf", "llama.cpp GGUF")}
-KEY_OF = {"onnx": "onnx", "gguf": "gguf", "llamacpp": "gguf"}  # --backends names and backend names -> EMBEDDING_IDS
+EMBEDDING_IDS = {
+    "onnx": ("all-minilm-l6-v2-onnx", "ONNX Runtime"),
+    "int8": ("all-minilm-l6-v2-onnx-int8", "ONNX Runtime int8"),
+    "gguf": ("all-minilm-l6-v2-gguf", "llama.cpp GGUF"),
+}
+KEY_OF = {
+    "onnx": "onnx",
+    "int8": "int8",
+    "gguf": "gguf",
+    "llamacpp": "gguf",
+}  # --backends names and backend names -> EMBEDDING_IDS
 VOCAB = [
     "the",
     "a",
@@ -209,9 +224,10 @@ def transcribe_one(backend):  # type: ignore[no-untyped-def]
 # ---- tables --------------------------------------------------------------------------------
 
 THROUGHPUT_HEADER = [
-    "| backend | clients | off items/s | on items/s | on / off | p50 latency ms off / on | mean batch (on) "
-    "| CPU ms/item off / on | load avg before off / on | others' cores off / on |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| backend | clients | off items/s | on items/s | on / off | ceiling items/s (batch) | on / ceiling "
+    "| p50 latency ms off / on | mean batch (on) | CPU ms/item off / on | load avg before off / on "
+    "| others' cores off / on |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 PADDING_HEADER = [
     "| backend | padding, grouping off | padding, grouping on | items/s off / on | mean batch off / on |",
@@ -222,19 +238,48 @@ PADDING_HEADER = [
 def throughput_rows(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig, clients: list[int]):  # type: ignore[no-untyped-def]
     rows = []
     for n in clients:
+        ceiling, size = pool_ceiling(backend, jobs, n) if run_one is embed_one else (float("nan"), 0)
         off = asyncio.run(measure(bench, backend, replace(base, max_batch_size=1), jobs, run_one, n))
         on = asyncio.run(measure(bench, backend, base, jobs, run_one, n))
         for mode, cell in (("off", off), ("on", on)):
-            bench.cells.append({"table": "throughput", "backend": name, "clients": n, "batching": mode, **asdict(cell)})
+            bench.cells.append(
+                {
+                    "table": "throughput",
+                    "backend": name,
+                    "clients": n,
+                    "batching": mode,
+                    "ceiling_items_per_s": ceiling,
+                    "ceiling_batch": size,
+                    **asdict(cell),
+                }
+            )
         flag = " **BUSY**" if off.busy or on.busy else ""
         rows.append(
             f"| {name}{flag} | {n} | {off.items_per_s:.1f} | {on.items_per_s:.1f} | {on.items_per_s / off.items_per_s:.2f} "
+            f"| {ceiling:.1f} ({size}) | {on.items_per_s / ceiling:.2f} "
             f"| {off.p50_latency_ms:.0f} / {on.p50_latency_ms:.0f} | {on.mean_batch:.1f} "
             f"| {off.cpu_ms_per_item:.1f} / {on.cpu_ms_per_item:.1f} | {off.load_before:.2f} / {on.load_before:.2f} "
             f"| {off.others_cores:.2f} / {on.others_cores:.2f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
+
+
+def pool_ceiling(backend, tokens: list, max_size: int) -> tuple[float, int]:  # type: ignore[no-untyped-def,type-arg]
+    """The backend's own best on these texts with at most `max_size` in
+    flight: items/s of `run()` over them sorted by length, cut into batches of
+    each size in CEILING_SIZES up to `max_size`; (best items/s, its size)."""
+    ordered = sorted(tokens, key=len)
+    rates = {}
+    for size in (s for s in CEILING_SIZES if s <= max_size):
+        batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+        backend.run(batches[len(batches) // 2])  # warm-up at about this shape
+        started = time.perf_counter()
+        for batch in batches:
+            backend.run(batch)
+        rates[size] = len(ordered) / (time.perf_counter() - started)
+    best = max(rates, key=lambda k: rates[k])
+    return rates[best], best
 
 
 def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig) -> str:  # type: ignore[no-untyped-def]
@@ -296,8 +341,8 @@ def main() -> None:
     add = parser.add_argument
     add("--threads", type=int, default=0, help="threads per backend (0: all cores)")
     add("--device", default="auto", choices=("auto", "cpu", "gpu"), help="the models' device (default: auto)")
-    add("--backends", default="onnx,gguf", help="embeddings backends: onnx, gguf, or default (what auto picks)")
-    add("--clients", default="1,32", help="concurrent clients per cell, comma-separated (default: 1,32)")
+    add("--backends", default="onnx,gguf", help="embeddings backends: onnx, int8, gguf, or default (what auto picks)")
+    add("--clients", default="1,4,8,32", help="concurrent clients per cell, comma-separated (default: 1,4,8,32)")
     add("--texts", type=int, default=256, help="embedding requests per cell")
     add("--no-padding", action="store_true", help="skip the padding table")
     add("--no-ceiling", action="store_true", help="skip the table of what a batch gains inside the runtime")

@@ -13,7 +13,9 @@ export:
 
 The arithmetic is the plain graph's (exact erf GELU, -1e4 on padding keys),
 so embeddings agree to float rounding. Only ONNX Runtime runs these
-operators; OpenVINO converts the plain graph.
+operators; OpenVINO converts the plain graph. Batches stay padded
+rectangles: the padding-free forms (PackedAttention, PackedMultiHeadAttention)
+have CUDA kernels only; onnxruntime 1.32's CPU provider refuses them.
 """
 
 from __future__ import annotations
