@@ -78,6 +78,7 @@ class StepWorker:
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._last_snapshot = 0.0
+        self._crashed = False
         self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
 
     def start(self) -> None:
@@ -98,7 +99,7 @@ class StepWorker:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._crashed
 
     @property
     def num_waiting(self) -> int:
@@ -121,7 +122,9 @@ class StepWorker:
             self._save_to_disk()
         except BaseException as exc:  # never leave callers hanging; the thread ends (`alive`)
             log.exception("step loop of %s crashed", self._thread.name)
-            self._fail_everything(f"the step loop crashed: {exc}")
+            self._crashed = True  # `alive` is False from here: nothing new is queued
+            message = f"the step loop crashed: {exc}"
+            self._fail_everything(message, self._refuse_inbox(message))
         finally:
             self._publish_snapshot(force=True)
 
@@ -199,8 +202,12 @@ class StepWorker:
         except Exception as exc:
             log.exception("step %d failed", batch.step_id)
             events = self.scheduler.fail(batch, f"the backend failed in this step: {exc}")
-            self.backend.clear_slots(Scheduler.touched_slots(batch))
-            self.backend.release([c.seq_id for c in batch.chunks])
+            try:
+                self.backend.clear_slots(Scheduler.touched_slots(batch))
+                self.backend.release([c.seq_id for c in batch.chunks])
+            except BaseException:  # the loop ends; the scheduler has already let these requests go
+                self._post(events)
+                raise
         else:
             outputs = self.scheduler.update(batch, result)
             events = self.scheduler.append_outputs(self.output.process(outputs))  # text and stops
@@ -232,6 +239,19 @@ class StepWorker:
             self._publish_snapshot(force=True)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _refuse_inbox(self, message: str) -> list[TokenEvent]:
+        """Error events for the requests still in the inbox when the loop ends,
+        which the scheduler never saw (their streams would wait forever)."""
+        events = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._inbox.get_nowait()
+                if isinstance(item, _Add):
+                    self.queue_count.took_add()
+                    request = item.request
+                    events.append(_error_event(request.request_id, message, len(request.prompt_token_ids)))
+        return events
 
     def _fail_everything(self, message: str, events: list[TokenEvent] | None = None) -> None:
         events = events if events is not None else []
