@@ -15,8 +15,9 @@ served ones:
   `--device gpu` runs it on a GPU where CTranslate2 has CUDA.
 
 Each row also holds the ceiling for its load: the best items/s the backend's
-own `run()` gives on the same texts, sorted by length and cut into batches of
-1, 2, 4, ... up to the number of clients (no queue, the least padding), and
+own `run()` gives on the same texts taken as N clients hand them over (pool
+order, N at a time), each N sorted by length and cut into batches of 1, 2, 4,
+... up to N (no queue, the least padding), and
 the micro-batcher's items/s against it ("on / ceiling"), measured right
 before the row's two cells.
 
@@ -173,6 +174,8 @@ async def measure(
         await asyncio.to_thread(batcher.close)
     own = (own1.user + own1.system) - (own0.user + own0.system)
     stats = batcher.stats()
+    if not isinstance(stats, dict):  # a typed snapshot (engine/batcher_stats.py) where the tree has it
+        stats = {name: getattr(stats, name) for name in ("mean_batch_size", "padding_ratio")}
     return Cell(
         items_per_s=len(jobs) / elapsed,
         cpu_ms_per_item=1000 * own / len(jobs),
@@ -266,18 +269,20 @@ def throughput_rows(bench: Bench, name: str, backend, jobs, run_one, base: Batch
 
 
 def pool_ceiling(backend, tokens: list, max_size: int) -> tuple[float, int]:  # type: ignore[no-untyped-def,type-arg]
-    """The backend's own best on these texts with at most `max_size` in
-    flight: items/s of `run()` over them sorted by length, cut into batches of
-    each size in CEILING_SIZES up to `max_size`; (best items/s, its size)."""
-    ordered = sorted(tokens, key=len)
+    """The backend's own best on these texts with `max_size` clients: the
+    texts in pool order in windows of `max_size` (what can be in flight at
+    once), each window sorted by length and cut into batches of one size of
+    CEILING_SIZES up to `max_size`; items/s of `run()` over all of them, no
+    queue and no asyncio. (best items/s, its batch size)."""
+    windows = [sorted(tokens[i : i + max_size], key=len) for i in range(0, len(tokens), max_size)]
     rates = {}
     for size in (s for s in CEILING_SIZES if s <= max_size):
-        batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+        batches = [window[i : i + size] for window in windows for i in range(0, len(window), size)]
         backend.run(batches[len(batches) // 2])  # warm-up at about this shape
         started = time.perf_counter()
         for batch in batches:
             backend.run(batch)
-        rates[size] = len(ordered) / (time.perf_counter() - started)
+        rates[size] = len(tokens) / (time.perf_counter() - started)
     best = max(rates, key=lambda k: rates[k])
     return rates[best], best
 
