@@ -37,8 +37,7 @@ worker feeds step times in.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from localserve.engine.step_model import StepTimeModel
 from localserve.engine.types import SchedulerConfig
@@ -65,9 +64,6 @@ class BatchPolicySnapshot:
     step_per_token_s: float = 0.0  # what each token adds
     step_per_seq_s: float = 0.0  # and what each sequence adds
     num_steps_observed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 class StepGate:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -31,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from localserve.backends.base import OneShotBackend
 from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
-from localserve.engine.batcher_stats import BatcherStats
+from localserve.engine.batcher_stats import BatcherSnapshot, BatcherStats
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
 
@@ -300,28 +301,23 @@ class Batcher(Generic[ItemT, OutputT]):
 
     # ---- stats -----------------------------------------------------------------
 
-    def stats(self, recent_s: float = 10.0) -> dict[str, Any]:
+    def stats(self, recent_s: float = 10.0) -> BatcherSnapshot:
         """A snapshot for the dashboard and /metrics (cheap; any thread)."""
         with self._cond:
-            queue = {
-                "queue_items": len(self._pending),
-                "queue_requests": self._num_waiting_requests,
-                "in_flight": self._num_in_flight,
-                "dispatching": self._busy,
-            }
-        cfg = self.config
-        return {
-            "backend": self._backend_name,
-            "device": self._device,
-            **queue,
-            **self._stats.snapshot(recent_s),
-            "padding_free": self.backend.padding_free,
-            "max_batch_size": cfg.max_batch_size,
-            "max_batch_tokens": cfg.max_batch_tokens,
-            "max_wait_ms": cfg.max_wait_ms,
-            "max_queue": cfg.max_queue,
-            "group_by_length": cfg.group_by_length,
-        }
+            queue = (len(self._pending), self._num_waiting_requests, self._num_in_flight, self._busy)
+        cfg, figures = self.config, self._stats.snapshot(recent_s)
+        return BatcherSnapshot(
+            self._backend_name,
+            self._device,
+            *queue,
+            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
+            padding_free=self.backend.padding_free,
+            max_batch_size=cfg.max_batch_size,
+            max_batch_tokens=cfg.max_batch_tokens,
+            max_wait_ms=cfg.max_wait_ms,
+            max_queue=cfg.max_queue,
+            group_by_length=cfg.group_by_length,
+        )
 
 
 # ---- delivery on the caller's loop ---------------------------------------------------

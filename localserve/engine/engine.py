@@ -13,12 +13,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from localserve.backends.base import GenerativeBackend, Tokenizer
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.stats import Histogram, ModelStats
+from localserve.engine.stats import Histogram, ModelSnapshot, ModelStats
 from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
 from localserve.engine.worker import StepWorker
 from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
@@ -248,29 +247,27 @@ class Engine:
 
     # ---- stats ---------------------------------------------------------------
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self) -> dict[str, ModelSnapshot]:
         """A snapshot per model (cheap; safe to call often): the scheduler's
         last published state, the rates and latencies of `ModelStats.snapshot`
-        (under `classes` per priority class) and the requests in flight."""
-        out: dict[str, dict[str, Any]] = {}
+        and the batch policy's last step (JSON only at the API edge)."""
+        out: dict[str, ModelSnapshot] = {}
         for model_id, model in self._models.items():
-            snap = model.worker.snapshot
             info = model.backend.info()
-            out[model_id] = {
-                "backend": info.backend,
-                "device": info.device,
-                "in_flight": len(model.streams),
-                "kv_total": model.capacity.kv_tokens,
-                "max_num_seqs": model.capacity.max_num_seqs,
-                "n_ctx": model.capacity.n_ctx,
-                **snap.to_json(),
-                "recent_batch_sizes": model.stats.recent_batch_sizes(),
-                "total_prompt_tokens": model.stats.total_prompt_tokens,
-                "total_output_tokens": model.stats.total_output_tokens,
-                "requests": [s.to_json(model_id) for s in snap.sequences],
-                "batch_policy": model.worker.batch_policy.to_dict(),  # batch admission by step time (engine/batch_policy.py)
-                **model.stats.snapshot(),
-            }
+            out[model_id] = ModelSnapshot(
+                backend=info.backend,
+                device=info.device,
+                in_flight=len(model.streams),
+                kv_total=model.capacity.kv_tokens,
+                max_num_seqs=model.capacity.max_num_seqs,
+                n_ctx=model.capacity.n_ctx,
+                scheduler=model.worker.snapshot,
+                recent_batch_sizes=tuple(model.stats.recent_batch_sizes()),
+                total_prompt_tokens=model.stats.total_prompt_tokens,
+                total_output_tokens=model.stats.total_output_tokens,
+                batch_policy=model.worker.batch_policy,  # batch admission by step time (engine/batch_policy.py)
+                rates=model.stats.snapshot(),
+            )
         return out
 
     def latency_histograms(self) -> dict[str, dict[str, dict[str, Histogram]]]:

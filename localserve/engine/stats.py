@@ -13,9 +13,12 @@ The step thread writes (`request_arrived`, `requests_started`,
 `record_step`, `record_events`); the event loop reads (`snapshot`,
 `histograms`, `request_times`). One lock guards both.
 
-`SchedulerSnapshot` is what the step thread publishes of its scheduler after
-a step; a new scheduler figure is a field there, filled in
-`StepWorker._publish_snapshot` and named in `SchedulerSnapshot.to_json`.
+Everything read out is a frozen snapshot: `ModelRates` (this module's own
+figures), `SchedulerSnapshot` (what the step thread publishes of its
+scheduler after a step) and `ModelSnapshot`, all of a model's figures that
+`Engine.stats` returns. They become JSON once, at the API edge
+(`api/admin/stats_json.py`); a new scheduler figure is a field of
+`SchedulerSnapshot`, filled in `StepWorker._publish_snapshot` and named there.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from localserve.engine.batch_policy import BatchPolicySnapshot
 from localserve.engine.prefix_disk import DiskTierStats
 from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
 
@@ -180,7 +183,7 @@ class ModelStats:
         with self._lock:
             return {rid: replace(self._requests[rid]) for rid in request_ids if rid in self._requests}
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ModelRates:
         """Rates over the last `RATE_WINDOW_S` (at least `MIN_RATE_SPAN_S`), latency
         percentiles over `WINDOW_S`, for all classes together and under `classes`
         per priority class. A percentile with nothing measured is None."""
@@ -194,15 +197,15 @@ class ModelStats:
         first = steps[0] if steps else None
         span = max(MIN_RATE_SPAN_S, min(RATE_WINDOW_S, now - first[0] + first[4])) if first else RATE_WINDOW_S
         everything = {kind: [v for cls in recent.values() for v in cls[kind]] for kind in LATENCY_KINDS}
-        return {
-            "prefill_tokens_per_s": sum(s[1] for s in steps) / span,
-            "decode_tokens_per_s": sum(s[2] for s in steps) / span,
-            "steps_per_s": len(steps) / span,
-            "mean_batch_size": (sum(s[3] for s in steps) / len(steps)) if steps else 0.0,
-            "busy_fraction": min(1.0, sum(s[4] for s in steps) / span),
+        return ModelRates(
+            prefill_tokens_per_s=sum(s[1] for s in steps) / span,
+            decode_tokens_per_s=sum(s[2] for s in steps) / span,
+            steps_per_s=len(steps) / span,
+            mean_batch_size=(sum(s[3] for s in steps) / len(steps)) if steps else 0.0,
+            busy_fraction=min(1.0, sum(s[4] for s in steps) / span),
             **_percentiles(everything, (50, 95, 99)),
-            "classes": {cls: _class_figures(values) for cls, values in recent.items()},
-        }
+            classes={cls: _class_figures(values) for cls, values in recent.items()},
+        )
 
     def histograms(self) -> dict[str, dict[str, Histogram]]:
         """Priority class -> latency kind (`ttft`, `queue_wait`, `itl`) -> cumulative histogram."""
@@ -219,9 +222,43 @@ def _percentiles(values: dict[str, list[float]], qs: tuple[int, ...]) -> dict[st
     return {f"{kind}_p{q}_s": percentile(series, q) for kind, series in ordered.items() for q in qs}
 
 
-def _class_figures(values: dict[str, list[float]]) -> dict[str, Any]:
+def _class_figures(values: dict[str, list[float]]) -> ClassFigures:
     """One class's figures: `num_requests` (first tokens in the window) and p50/p95 of each latency."""
-    return {"num_requests": len(values["ttft"]), **_percentiles(values, (50, 95))}
+    return ClassFigures(num_requests=len(values["ttft"]), **_percentiles(values, (50, 95)))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFigures:
+    """One priority class over the last `WINDOW_S`: first tokens, and p50/p95 of each latency."""
+
+    num_requests: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    queue_wait_p50_s: float | None = None
+    queue_wait_p95_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRates:
+    """`ModelStats.snapshot`: step rates and latency percentiles (all classes, then per class)."""
+
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    steps_per_s: float
+    mean_batch_size: float
+    busy_fraction: float
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    queue_wait_p50_s: float | None
+    queue_wait_p95_s: float | None
+    queue_wait_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    itl_p99_s: float | None
+    classes: dict[str, ClassFigures]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,21 +273,6 @@ class SeqSnapshot:
     queue_wait_s: float | None
     ttft_s: float | None
     tokens_per_s: float | None
-
-    def to_json(self, model_id: str) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "model": model_id,
-            "priority": self.priority,
-            "state": self.state,
-            "prompt_tokens": self.num_prompt_tokens,
-            "generated_tokens": self.num_output_tokens,
-            "max_tokens": self.max_tokens,
-            "age_s": round(self.age_s, 3),
-            "queue_wait_s": _round(self.queue_wait_s, 4),
-            "ttft_s": _round(self.ttft_s, 4),
-            "tokens_per_s": _round(self.tokens_per_s, 2),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,37 +290,30 @@ class SchedulerSnapshot:
     num_accepted_tokens: int = 0  # ... and accepted
     disk: DiskTierStats | None = None  # the prefix cache's disk tier (a copy), if the model has one
 
-    def to_json(self) -> dict[str, Any]:
-        """The scheduler's part of a model's stats (requests apart)."""
-        return {
-            "running": dict(self.running_by_class),
-            "waiting": dict(self.waiting_by_class),
-            "kv_used": self.kv_used,
-            "prefix_cache_hit_tokens": self.num_cached_tokens,
-            "prefix_cache_hit_rate": self.num_cached_tokens / max(1, self.num_prompt_tokens),
-            "preemptions": self.num_preemptions,
-            "spec_draft_tokens": self.num_draft_tokens,
-            "spec_accepted_tokens": self.num_accepted_tokens,
-            "spec_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
-            **_disk_json(self.disk),
-        }
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.num_cached_tokens / max(1, self.num_prompt_tokens)
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
 
-def _disk_json(disk: DiskTierStats | None) -> dict[str, Any]:
-    if disk is None:
-        return {"prefix_disk": False}
-    return {
-        "prefix_disk": True,
-        "prefix_disk_hits": disk.num_hits,
-        "prefix_disk_misses": disk.num_misses,
-        "prefix_disk_saves": disk.num_saves,
-        "prefix_disk_bytes_written": disk.bytes_written,
-        "prefix_disk_bytes_read": disk.bytes_read,
-        "prefix_disk_restored_tokens": disk.num_restored_tokens,
-        "prefix_disk_restore_s": round(disk.restore_s, 4),
-        "prefix_disk_dropped": disk.num_dropped,
-    }
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """All figures of one generative model (`Engine.stats`): what was fixed at
+    load, the scheduler's last published state, this module's rates and the
+    batch policy's last step."""
 
-
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
+    backend: str
+    device: str
+    in_flight: int  # requests submitted and not finished, as the event loop counts them
+    kv_total: int
+    max_num_seqs: int
+    n_ctx: int
+    scheduler: SchedulerSnapshot
+    recent_batch_sizes: tuple[int, ...]
+    total_prompt_tokens: int  # of finished requests
+    total_output_tokens: int
+    batch_policy: BatchPolicySnapshot
+    rates: ModelRates

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from localserve.api.admin.stats_json import request_json
 from localserve.api.openai.batch_service import JOBS
 from localserve.api.state import REGISTRY
 from tests.api.harness import MODEL_ID, ServerThread
@@ -218,7 +219,9 @@ def wide_batches(server: ServerThread, client: openai.OpenAI) -> Iterator[None]:
 
 
 def scheduler_requests(server: ServerThread) -> list[dict[str, Any]]:
-    return list(server.call(lambda: server.engine.stats()[MODEL_ID]["requests"]))
+    """The requests the scheduler holds, as `/api/v1/stats` lists them."""
+    sequences = server.call(lambda: server.engine.stats()[MODEL_ID].scheduler.sequences)
+    return [request_json(MODEL_ID, seq) for seq in sequences]
 
 
 def test_interactive_request_overtakes_waiting_batch_lines(

@@ -112,7 +112,7 @@ def test_seed_reproducibility(client: openai.OpenAI, server: ServerThread) -> No
         # a step shared with another test's leftover work rounds the logits
         # differently and a seeded sample can flip (as in llama-server).
         deadline = time.monotonic() + 60
-        while server.call(lambda: server.engine.stats()[MODEL_ID]["requests"]) and time.monotonic() < deadline:
+        while server.call(lambda: server.engine.stats()[MODEL_ID].scheduler.sequences) and time.monotonic() < deadline:
             time.sleep(0.05)
         reply = client.chat.completions.create(
             model=MODEL_ID, messages=messages, temperature=0.8, seed=seed, max_tokens=16

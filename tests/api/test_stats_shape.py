@@ -20,6 +20,7 @@ from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER
 from localserve.models.registry import LoadedOneShot, ModelRecord, ModelSpec
 from localserve.models.registry.records import RecordState
+from localserve.tui.snapshot import Snapshot
 from tests.engine.fake_backend import FakeBackend
 from tests.engine.scripted import prompt
 from tests.tui.live import empty_app, serve
@@ -220,6 +221,12 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
     one_shot = body["one_shot"]["lengths"]
     assert set(one_shot) == ONE_SHOT_KEYS, set(one_shot) ^ ONE_SHOT_KEYS
     assert one_shot["kind"] == "embeddings" and one_shot["items"] == 2 and one_shot["backend"] == "fake-oneshot"
+    # The dashboard's one parser of this JSON reads the same figures.
+    view = Snapshot.from_json(body)
+    (model_view,) = view.models
+    assert model_view.model_id == "fake" and model_view.kv_total == entry["kv_total"] > 0
+    assert model_view.num_running == 1 and model_view.batch_policy.mode == entry["batch_policy"]["mode"] != ""
+    assert view.requests[0].max_tokens == 50 and view.one_shot[0].kind == "embeddings"
     families = set(re.findall(r"^# TYPE (\w+) ", metrics, flags=re.MULTILINE))
     assert families == METRIC_FAMILIES, families ^ METRIC_FAMILIES
     assert 'localserve_generation_tokens_total{model="fake"} 4.0' in metrics

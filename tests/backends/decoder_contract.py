@@ -239,7 +239,7 @@ async def test_concurrent_requests_equal_their_run_alone_results(decoder: KvDeco
         alone = [(await _run(engine, "m", _request(p, **params)))[0] for p in prompts]
         together = await asyncio.gather(*(_run(engine, "m", _request(p, **params)) for p in prompts))
         assert [t[0] for t in together] == alone
-        sizes = engine.stats()["m"]["recent_batch_sizes"]
+        sizes = engine.stats()["m"].recent_batch_sizes
         assert max(sizes) >= decoder.capacity().max_num_seqs, f"requests were not batched: {sizes}"
     finally:
         await engine.remove_model("m", close_backend=False)
@@ -281,14 +281,14 @@ async def test_priority_preempts_and_the_preempted_request_resumes_unchanged(dec
         batch = [
             asyncio.create_task(tracked(f"batch{i}", _request(p, priority=2.0, **params))) for i, p in enumerate(slow)
         ]
-        while sum(engine.stats()["p"]["running"].values()) < len(slow):
+        while sum(engine.stats()["p"].scheduler.running_by_class.values()) < len(slow):
             await asyncio.sleep(0.005)
         urgent = _request(encode(decoder, "The capital of France is"), priority=0.0, max_tokens=3, temperature=0.0)
         urgent_tokens = await tracked("urgent", urgent)
         results = await asyncio.gather(*batch)
         assert order[0] == "urgent", order
         assert "Paris" in decoder.tokenizer().decode(urgent_tokens)
-        assert engine.stats()["p"]["preemptions"] >= 1
+        assert engine.stats()["p"].scheduler.num_preemptions >= 1
         assert results == alone
     finally:
         await engine.remove_model("p", close_backend=False)

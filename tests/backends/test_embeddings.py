@@ -227,8 +227,8 @@ async def test_the_batcher_packs_concurrent_requests_into_one_forward_pass(backe
     for one, many in zip(alone, together, strict=True):
         assert cosine(one, many[0]) > 0.999
     stats = batcher.stats()
-    assert stats["max_batch_size_seen"] > 1 and stats["padding_ratio"] == 0.0  # what came during a run went together
-    assert stats["backend"] == "llamacpp"
+    assert stats.max_batch_size_seen > 1 and stats.padding_ratio == 0.0  # what came during a run went together
+    assert stats.backend == "llamacpp"
     await asyncio.to_thread(batcher.close)
 
 
@@ -305,7 +305,7 @@ async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: Onnx
         batcher = Batcher("onnx", onnx_backend, BatcherConfig(max_batch_size=48, group_by_length=by_length))
         results = await asyncio.gather(*(batcher.submit([onnx_backend.tokenize(t)]) for t in texts))
         assert len(results) == 48
-        ratios[by_length] = batcher.stats()["padding_ratio"]
+        ratios[by_length] = batcher.stats().padding_ratio
         await asyncio.to_thread(batcher.close)
     assert ratios[True] < 0.3 and ratios[True] < ratios[False] / 2
 
@@ -335,7 +335,7 @@ def test_the_default_id_runs_on_onnx_runtime_and_embeds_like_the_gguf_path(
         for onnx_vector, gguf_vector in zip(opened.backend.run(items), backend.run(items), strict=True):
             assert cosine(onnx_vector, gguf_vector) > 0.99
         batcher = Batcher("all-minilm-l6-v2", opened.backend, opened.batching)
-        assert batcher.stats()["backend"] == "onnxruntime"  # what /api/v1/stats shows under one_shot
+        assert batcher.stats().backend == "onnxruntime"  # what /api/v1/stats shows under one_shot
         batcher.close(10)
     finally:
         opened.backend.close()

@@ -95,7 +95,7 @@ async def hold_busy(backend: FakeBackend, batcher: Batcher[str, str], size: int 
     backend.gate.clear()
     blocker = asyncio.create_task(batcher.submit(["block"] * size))
     await asyncio.to_thread(backend.entered.wait, 5)
-    assert batcher.stats()["dispatching"]
+    assert batcher.stats().dispatching
     return blocker
 
 
@@ -135,7 +135,7 @@ async def test_an_item_finding_the_model_idle_is_dispatched_at_once():
     assert await asyncio.wait_for(batcher.submit(["solo"]), 5) == ["SOLO"]
     assert await asyncio.wait_for(batcher.submit(["again", "two"]), 5) == ["AGAIN", "TWO"]
     assert backend.runs == [["solo"], ["two", "again"]]  # each alone: nothing else was waiting
-    assert batcher.stats()["dispatches"] == 2
+    assert batcher.stats().dispatches == 2
     await close(batcher)
 
 
@@ -145,7 +145,7 @@ async def test_items_arriving_during_a_dispatch_leave_together_in_the_next_one()
     blocker = await hold_busy(backend, batcher)
     waiting = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(5)]
     waiting.append(asyncio.create_task(batcher.submit(["pair-a", "pair-b"])))
-    await until(lambda: batcher.stats()["queue_items"] == 7)
+    await until(lambda: batcher.stats().queue_items == 7)
     assert len(backend.runs) == 0  # nothing left while the model was busy
     backend.gate.set()
     assert await blocker == ["BLOCK"]
@@ -155,9 +155,9 @@ async def test_items_arriving_during_a_dispatch_leave_together_in_the_next_one()
     assert sorted(backend.runs[1]) == sorted([f"item{i}" for i in range(5)] + ["pair-a", "pair-b"])
     assert len(backend.runs) == 2
     # The thread delivers a dispatch's results before it clears its busy flag.
-    await until(lambda: not batcher.stats()["dispatching"])
+    await until(lambda: not batcher.stats().dispatching)
     stats = batcher.stats()
-    assert stats["dispatches"] == 2 and stats["max_batch_size_seen"] == 7
+    assert stats.dispatches == 2 and stats.max_batch_size_seen == 7
     await close(batcher)
 
 
@@ -166,7 +166,7 @@ async def test_what_does_not_fit_goes_in_the_dispatch_after_without_waiting():
     batcher = make(backend, max_batch_size=3, max_wait_ms=60_000)  # a long optional wait, on a frozen clock
     blocker = await hold_busy(backend, batcher, size=3)  # a full dispatch: it leaves without the wait
     waiting = [asyncio.create_task(batcher.submit([f"i{i}"])) for i in range(7)]
-    await until(lambda: batcher.stats()["queue_items"] == 7)
+    await until(lambda: batcher.stats().queue_items == 7)
     backend.gate.set()
     outputs = await asyncio.wait_for(asyncio.gather(blocker, *waiting), 5)
     assert [o[0] for o in outputs[1:]] == [f"I{i}" for i in range(7)]
@@ -179,11 +179,11 @@ async def test_the_optional_max_wait_holds_an_idle_model_for_company():
     clock = FakeClock()
     batcher = make(backend, clock, max_wait_ms=50, max_batch_size=64)
     first = asyncio.create_task(batcher.submit(["aa"]))
-    await until(lambda: batcher.stats()["queue_items"] == 1)
+    await until(lambda: batcher.stats().queue_items == 1)
     await asyncio.sleep(0.2)  # real time passes, the batcher's clock does not
-    assert backend.runs == [] and batcher.stats()["queue_items"] == 1
+    assert backend.runs == [] and batcher.stats().queue_items == 1
     second = asyncio.create_task(batcher.submit(["bb"]))
-    await until(lambda: batcher.stats()["queue_items"] == 2)
+    await until(lambda: batcher.stats().queue_items == 2)
     clock.advance(0.05)
     assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [["AA"], ["BB"]]
     assert backend.runs == [["aa", "bb"]]
@@ -205,7 +205,7 @@ async def test_each_caller_gets_its_own_outputs_in_its_own_order():
     blocker = await hold_busy(backend, batcher)
     inputs = [[f"r{r}-{i}" + "x" * ((r * 7 + i * 3) % 9) for i in range(r % 4 + 1)] for r in range(12)]
     tasks = [asyncio.create_task(batcher.submit(items)) for items in inputs]
-    await until(lambda: batcher.stats()["queue_requests"] == 12)
+    await until(lambda: batcher.stats().queue_requests == 12)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert outputs == [[item.upper() for item in items] for items in inputs]
@@ -219,14 +219,14 @@ async def test_concurrent_requests_are_batched_up_to_max_batch_size():
     batcher = make(backend, max_batch_size=4)
     blocker = await hold_busy(backend, batcher)
     tasks = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(10)]
-    await until(lambda: batcher.stats()["queue_items"] == 10)
+    await until(lambda: batcher.stats().queue_items == 10)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [f"ITEM{i}" for i in range(10)]
     assert [len(run) for run in backend.runs] == [1, 4, 4, 2]
     await blocker
     stats = batcher.stats()
-    assert stats["items"] == 11 and stats["max_batch_size_seen"] == 4 and stats["mean_batch_size"] > 1
+    assert stats.items == 11 and stats.max_batch_size_seen == 4 and stats.mean_batch_size > 1
     await close(batcher)
 
 
@@ -236,7 +236,7 @@ async def test_max_batch_tokens_bounds_the_work_of_a_dispatch():
     blocker = await hold_busy(backend, batcher)
     items = ["a" * 8, "b" * 8, "c" * 8, "d" * 8, "e" * 30]
     tasks = [asyncio.create_task(batcher.submit([item])) for item in items]
-    await until(lambda: batcher.stats()["queue_items"] == 5)
+    await until(lambda: batcher.stats().queue_items == 5)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [item.upper() for item in items]
@@ -278,9 +278,9 @@ async def test_higher_priority_goes_first():
     batcher = make(backend, max_batch_size=1)
     blocker = await hold_busy(backend, batcher)
     low = [asyncio.create_task(batcher.submit([f"low{i}"], priority=2.0)) for i in range(3)]
-    await until(lambda: batcher.stats()["queue_items"] == 3)
+    await until(lambda: batcher.stats().queue_items == 3)
     high = asyncio.create_task(batcher.submit(["high"], priority=0.0))
-    await until(lambda: batcher.stats()["queue_items"] == 4)
+    await until(lambda: batcher.stats().queue_items == 4)
     backend.gate.set()
     await asyncio.gather(blocker, high, *low)
     order = [run[0] for run in backend.runs]
@@ -295,10 +295,10 @@ async def test_waiting_ages_so_low_priority_is_not_starved():
     batcher = make(backend, clock, max_batch_size=1, aging_s=0.05)
     blocker = await hold_busy(backend, batcher)
     old = asyncio.create_task(batcher.submit(["old"], priority=2.0))
-    await until(lambda: batcher.stats()["queue_items"] == 1)
+    await until(lambda: batcher.stats().queue_items == 1)
     clock.advance(0.3)  # 6 aging periods: now better than a fresh 0
     fresh = asyncio.create_task(batcher.submit(["fresh"], priority=0.0))
-    await until(lambda: batcher.stats()["queue_items"] == 2)
+    await until(lambda: batcher.stats().queue_items == 2)
     backend.gate.set()
     await asyncio.gather(blocker, old, fresh)
     assert [run[0] for run in backend.runs] == ["block", "old", "fresh"]
@@ -319,7 +319,7 @@ async def test_a_flood_of_higher_priority_cannot_starve_a_low_one(aging_s: float
     runs = []
     for k in range(1, 9):
         tasks += [asyncio.create_task(batcher.submit([f"h{k}{x}"], priority=0.0)) for x in "ab"]
-        await until(lambda k=k: batcher.stats()["requests"] == 2 + 2 * k)
+        await until(lambda k=k: batcher.stats().requests == 2 + 2 * k)
         clock.advance(1.0)
         backend.permits.release()  # type: ignore[union-attr]
         runs.append(await started_run(backend))
@@ -344,7 +344,7 @@ async def submit_while_busy(
     """Submit `requests` while the model is busy, so they share the next dispatch."""
     blocker = await hold_busy(backend, batcher)
     tasks = [asyncio.create_task(batcher.submit(items)) for items in requests]
-    await until(lambda: batcher.stats()["queue_requests"] == len(requests))
+    await until(lambda: batcher.stats().queue_requests == len(requests))
     backend.gate.set()
     await blocker
     backend.runs.remove(["block"])
@@ -360,7 +360,7 @@ async def test_length_grouping_lowers_the_padding_ratio():
         outputs = await submit_while_busy(backend, batcher, [["z" * n] for n in sizes])
         assert [len(o[0]) for o in outputs] == sizes  # type: ignore[index]
         stats = batcher.stats()
-        ratios[by_length] = stats["padded_size"] / (stats["real_size"] - len("block"))  # "block" ran alone
+        ratios[by_length] = stats.padded_size / (stats.real_size - len("block"))  # "block" ran alone
         await close(batcher)
     assert ratios[True] < 0.25 < ratios[False]
 
@@ -371,7 +371,7 @@ async def test_padding_free_backends_report_no_padding_and_get_one_run():
     await submit_while_busy(backend, batcher, [["z" * n] for n in (3, 40, 4, 38)])
     assert len(backend.runs) == 1
     assert [len(i) for i in backend.runs[0]] == [3, 4, 38, 40]  # still sorted by length
-    assert batcher.stats()["padding_ratio"] == 0.0
+    assert batcher.stats().padding_ratio == 0.0
     await close(batcher)
 
 
@@ -400,7 +400,7 @@ async def test_a_failing_batch_fails_only_its_callers():
     assert isinstance(results[1], BackendError)  # shared the failing run
     assert results[2] == ["Y-FINE"]
     assert results[3] == ["Z-FINE", "Z-TOO"]
-    assert batcher.stats()["errors"] == 2
+    assert batcher.stats().errors == 2
     assert await batcher.submit(["x-again"]) == ["X-AGAIN"]  # and the batcher goes on
     await close(batcher)
 
@@ -410,11 +410,11 @@ async def test_a_full_queue_is_a_503_with_retry_after():
     batcher = make(backend, max_batch_size=1, max_queue=2)
     running = await hold_busy(backend, batcher)
     waiting = [asyncio.create_task(batcher.submit([f"w{i}"])) for i in range(2)]
-    await until(lambda: batcher.stats()["queue_requests"] == 2)
+    await until(lambda: batcher.stats().queue_requests == 2)
     with pytest.raises(QueueFullError) as info:
         await batcher.submit(["one too many"])
     assert info.value.status == 503 and info.value.retry_after_s >= 1 and "limit 2" in info.value.message
-    assert batcher.stats()["rejected"] == 1
+    assert batcher.stats().rejected == 1
     backend.gate.set()
     await asyncio.gather(running, *waiting)
     await close(batcher)
@@ -426,14 +426,14 @@ async def test_a_cancelled_caller_s_items_are_dropped():
     running = await hold_busy(backend, batcher)
     gone = asyncio.create_task(batcher.submit(["gone1", "gone2"]))
     stays = asyncio.create_task(batcher.submit(["stays"]))
-    await until(lambda: batcher.stats()["queue_requests"] == 2)
+    await until(lambda: batcher.stats().queue_requests == 2)
     gone.cancel()
     await until(gone.done)
     backend.gate.set()
     assert await stays == ["STAYS"]
     await running
     assert all("gone" not in item for run in backend.runs for item in run)
-    assert batcher.stats()["queue_requests"] == 0
+    assert batcher.stats().queue_requests == 0
     await close(batcher)
 
 
@@ -442,7 +442,7 @@ async def test_closing_fails_waiting_callers_and_refuses_new_ones():
     batcher = make(backend, max_batch_size=1)
     running = await hold_busy(backend, batcher)
     waiting = asyncio.create_task(batcher.submit(["waits"]))
-    await until(lambda: batcher.stats()["queue_requests"] == 1)
+    await until(lambda: batcher.stats().queue_requests == 1)
     closing = asyncio.create_task(asyncio.to_thread(batcher.close, 10))
     await until(lambda: batcher._stopping)  # close() has begun: what waits now is not dispatched
     backend.gate.set()
@@ -481,7 +481,7 @@ async def test_stats_has_what_the_dashboard_reads():
         "max_batch_size",
         "max_wait_ms",
     ):
-        assert key in stats, key
-    assert stats["requests"] == 2 and stats["items"] == 3 and stats["in_flight"] == 0
-    assert (stats["backend"], stats["device"], stats["max_wait_ms"]) == ("fake", "CPU", 0.0)
+        assert hasattr(stats, key), key
+    assert stats.requests == 2 and stats.items == 3 and stats.in_flight == 0
+    assert (stats.backend, stats.device, stats.max_wait_ms) == ("fake", "CPU", 0.0)
     await close(batcher)

@@ -100,7 +100,7 @@ async def test_sixteen_concurrent_match_running_alone(engine: Engine) -> None:
     for (tokens, _text, _last), solo, prompt in zip(together, alone, prompts, strict=True):
         assert tokens[:8] == solo[:8], f"{prompt!r}: batched {tokens} != alone {solo}"
     assert sum(t[0] == solo for t, solo in zip(together, alone, strict=True)) >= 13
-    sizes = engine.stats()["smol"]["recent_batch_sizes"]
+    sizes = engine.stats()["smol"].recent_batch_sizes
     assert max(sizes) >= 8, f"requests were not batched together: {sizes}"
 
 
@@ -150,7 +150,7 @@ async def test_abort_frees_the_slot_at_the_next_step(backend: LlamaCppBackend, s
     done = await asyncio.wait_for(waiter, timeout=10)
     assert done[-1].finish_reason is FinishReason.LENGTH
     await asyncio.sleep(0.2)
-    assert eng.stats()["one"]["in_flight"] == 0
+    assert eng.stats()["one"].in_flight == 0
     await eng.close()
 
 
@@ -166,7 +166,7 @@ async def test_shared_system_prompt_hits_the_prefix_cache(engine: Engine) -> Non
     _, _, b = await run(engine, request(second, max_tokens=4, temperature=0.0))
     assert a.num_cached_tokens == 0 or a.num_cached_tokens < len(first) // 2
     assert b.num_cached_tokens >= len(encode(engine, system)) - 2
-    assert engine.stats()["smol"]["prefix_cache_hit_tokens"] > 0
+    assert engine.stats()["smol"].scheduler.num_cached_tokens > 0
 
 
 async def test_a_step_failure_fails_only_that_step(engine: Engine) -> None:
@@ -233,12 +233,12 @@ async def test_batch_work_yields_to_an_interactive_request_within_its_targets(ba
         )
         _, _, last = await run(engine, chat)
         outputs = await asyncio.gather(*lines)
-        policy = engine.stats()["smol"]["batch_policy"]
+        policy = engine.stats()["smol"].batch_policy
     finally:
         await engine.remove_model("smol", close_backend=False)
     assert last.num_output_tokens == 8 and all(len(tokens) == 48 for tokens in outputs)  # the preempted one too
     assert max(len(chunks) for chunks, *_ in steps[:mark]) == num_lines  # alone: every slot in one step
-    assert policy["num_slots_returned"] >= 1
+    assert policy.num_slots_returned >= 1
     batch_seqs = {seq_id for chunks, *_ in steps[:mark] for seq_id, _ in chunks}
     first = next(i for i in range(mark, len(steps)) if any(seq_id not in batch_seqs for seq_id, _ in steps[i][0]))
     chat_seq = steps[first][0][0][0]

@@ -54,13 +54,13 @@ async def test_a_prefix_survives_slot_reuse_and_a_restart(smollm2_path: Path, tm
     again, last = await answer(engine, question)
     assert again == from_scratch
     assert last.num_cached_tokens >= 512
-    stats = engine.stats()["smol"]
-    assert stats["prefix_disk_hits"] == 1 and stats["prefix_disk_bytes_written"] > 0
+    disk = engine.stats()["smol"].scheduler.disk
+    assert disk is not None and disk.num_hits == 1 and disk.bytes_written > 0
     await engine.remove_model("smol")  # unload: what the slot holds is saved too
 
     restarted = Engine(config)
     restarted.add_model("smol", open_backend(smollm2_path))
     after_restart, last = await answer(restarted, question)
     assert after_restart == from_scratch
-    assert last.num_cached_tokens >= 512 and restarted.stats()["smol"]["prefix_disk_hits"] == 1
+    assert last.num_cached_tokens >= 512 and restarted.stats()["smol"].scheduler.disk.num_hits == 1  # type: ignore[union-attr]
     await restarted.remove_model("smol")

@@ -245,15 +245,15 @@ def test_the_policy_snapshot_shows_what_it_did_and_the_model_against_the_measure
     driver.add("chat", prompt(5000, 10), priority=0.0, max_tokens=12)
     for _ in range(4):
         batch = driver.step()
-    snap = driver.scheduler.policy.snapshot().to_dict()
-    assert snap["mode"] == "shared" and snap["lent_slots"] == 0 and snap["num_slots_returned"] == 1
-    assert (snap["batch_in_step"], snap["batch_held_back"]) == (2, 6)
-    assert snap["measured_step_s"] == pytest.approx(CPU(batch.num_tokens, len(batch.chunks)), abs=1e-6)
-    assert snap["predicted_step_s"] == pytest.approx(snap["measured_step_s"], abs=1e-5)  # the cost is linear
-    fitted = (snap["step_fixed_s"], snap["step_per_token_s"], snap["step_per_seq_s"])
+    snap = driver.scheduler.policy.snapshot()
+    assert snap.mode == "shared" and snap.lent_slots == 0 and snap.num_slots_returned == 1
+    assert (snap.batch_in_step, snap.batch_held_back) == (2, 6)
+    assert snap.measured_step_s == pytest.approx(CPU(batch.num_tokens, len(batch.chunks)), abs=1e-6)
+    assert snap.predicted_step_s == pytest.approx(snap.measured_step_s, abs=1e-5)  # the cost is linear
+    fitted = (snap.step_fixed_s, snap.step_per_token_s, snap.step_per_seq_s)
     assert fitted == pytest.approx((0.020, 0.0005, 0.0015), abs=1e-5)
-    assert snap["step_limit_s"] == pytest.approx(1.2 * CPU(1, 1), abs=1e-5)
-    assert snap["num_steps_observed"] == 9
+    assert snap.step_limit_s == pytest.approx(1.2 * CPU(1, 1), abs=1e-5)
+    assert snap.num_steps_observed == 9
 
 
 def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():

@@ -12,7 +12,7 @@ import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.stats import MIN_RATE_SPAN_S, MIN_RATE_TOKENS, TTFT_BUCKETS, ModelStats
+from localserve.engine.stats import MIN_RATE_SPAN_S, MIN_RATE_TOKENS, TTFT_BUCKETS, ClassFigures, ModelStats
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
 
 
@@ -22,13 +22,10 @@ def event(request_id: str, num_output: int, finish: FinishReason | None = None) 
 
 def test_no_measurement_is_none_not_zero() -> None:
     snap = ModelStats().snapshot()
-    assert snap["ttft_p95_s"] is None and snap["itl_p50_s"] is None and snap["queue_wait_p95_s"] is None
-    assert set(snap["classes"]) == {"interactive", "default", "batch"}
-    assert snap["classes"]["batch"] == {
-        "num_requests": 0,
-        **{f"{kind}_p{q}_s": None for kind in ("ttft", "queue_wait", "itl") for q in (50, 95)},
-    }
-    assert snap["decode_tokens_per_s"] == 0.0  # nothing ran: a measured zero
+    assert snap.ttft_p95_s is None and snap.itl_p50_s is None and snap.queue_wait_p95_s is None
+    assert set(snap.classes) == {"interactive", "default", "batch"}
+    assert snap.classes["batch"] == ClassFigures(num_requests=0)  # every percentile None
+    assert snap.decode_tokens_per_s == 0.0  # nothing ran: a measured zero
 
 
 def test_one_request_is_timed_once_under_its_class() -> None:
@@ -42,13 +39,13 @@ def test_one_request_is_timed_once_under_its_class() -> None:
     stats.record_events([event("a", 2), event("unknown", 3)], t0 + 0.85)
     stats.record_events([event("a", 3, FinishReason.STOP)], t0 + 0.95)
     snap = stats.snapshot()
-    interactive = snap["classes"]["interactive"]
-    assert interactive["num_requests"] == 1
-    assert interactive["queue_wait_p50_s"] == pytest.approx(0.25)
-    assert interactive["ttft_p95_s"] == pytest.approx(0.75)
-    assert interactive["itl_p50_s"] == pytest.approx(0.1)
-    assert snap["classes"]["batch"]["num_requests"] == 0
-    assert snap["ttft_p50_s"] == pytest.approx(0.75)  # all classes together
+    interactive = snap.classes["interactive"]
+    assert interactive.num_requests == 1
+    assert interactive.queue_wait_p50_s == pytest.approx(0.25)
+    assert interactive.ttft_p95_s == pytest.approx(0.75)
+    assert interactive.itl_p50_s == pytest.approx(0.1)
+    assert snap.classes["batch"].num_requests == 0
+    assert snap.ttft_p50_s == pytest.approx(0.75)  # all classes together
     assert stats.total_output_tokens == 3 and stats.total_prompt_tokens == 5
     assert stats.request_times(["a"]) == {}  # ended: forgotten
     histogram = stats.histograms()["interactive"]["ttft"]
@@ -63,10 +60,10 @@ def test_classes_keep_their_own_percentiles() -> None:
         for request_id, priority, ttft in ((f"i{i}", 0.0, 0.1), (f"b{i}", 2.0, 5.0)):
             stats.request_arrived(request_id, priority, t0 + i)
             stats.record_events([event(request_id, 1, FinishReason.LENGTH)], t0 + i + ttft)
-    classes = stats.snapshot()["classes"]
-    assert classes["interactive"]["ttft_p95_s"] == pytest.approx(0.1)
-    assert classes["batch"]["ttft_p50_s"] == pytest.approx(5.0)
-    assert classes["default"]["ttft_p95_s"] is None
+    classes = stats.snapshot().classes
+    assert classes["interactive"].ttft_p95_s == pytest.approx(0.1)
+    assert classes["batch"].ttft_p50_s == pytest.approx(5.0)
+    assert classes["default"].ttft_p95_s is None
 
 
 def test_a_request_rate_needs_a_few_tokens() -> None:
@@ -89,8 +86,8 @@ def test_a_burst_is_not_a_rate_over_a_few_milliseconds() -> None:
     stats.record_step(num_prefill=10, num_decode=1, num_seqs=1, duration_s=0.002)
     snap = stats.snapshot()
     # One token in a 2 ms step is not 500 tok/s: the span is at least MIN_RATE_SPAN_S.
-    assert snap["decode_tokens_per_s"] == pytest.approx(1 / MIN_RATE_SPAN_S, rel=0.05)
-    assert snap["prefill_tokens_per_s"] == pytest.approx(10 / MIN_RATE_SPAN_S, rel=0.05)
+    assert snap.decode_tokens_per_s == pytest.approx(1 / MIN_RATE_SPAN_S, rel=0.05)
+    assert snap.prefill_tokens_per_s == pytest.approx(10 / MIN_RATE_SPAN_S, rel=0.05)
 
 
 # ---- through the step thread --------------------------------------------------------------------
@@ -124,11 +121,11 @@ async def test_the_step_thread_times_each_class(tiny_backend: LlamaCppBackend) -
     finally:
         await engine.remove_model("tiny", close_backend=False)
     assert [e.num_output_tokens for e in ends] == [12, 12]
-    interactive, batch = stats["classes"]["interactive"], stats["classes"]["batch"]
-    assert interactive["num_requests"] == batch["num_requests"] == 1
-    assert stats["classes"]["default"]["num_requests"] == 0
-    assert interactive["queue_wait_p50_s"] <= interactive["ttft_p50_s"] < batch["ttft_p50_s"]
+    interactive, batch = stats.rates.classes["interactive"], stats.rates.classes["batch"]
+    assert interactive.num_requests == batch.num_requests == 1
+    assert stats.rates.classes["default"].num_requests == 0
+    assert interactive.queue_wait_p50_s <= interactive.ttft_p50_s < batch.ttft_p50_s
     # The batch request's queue wait is the interactive one's whole run.
-    assert batch["queue_wait_p50_s"] >= interactive["ttft_p50_s"] + 10 * interactive["itl_p50_s"] * 0.5
-    assert interactive["itl_p95_s"] is not None and stats["decode_tokens_per_s"] > 0
-    assert stats["total_output_tokens"] == 24 and stats["requests"] == []
+    assert batch.queue_wait_p50_s >= interactive.ttft_p50_s + 10 * interactive.itl_p50_s * 0.5
+    assert interactive.itl_p95_s is not None and stats.rates.decode_tokens_per_s > 0
+    assert stats.total_output_tokens == 24 and stats.scheduler.sequences == ()

@@ -81,8 +81,8 @@ async def test_concurrent_requests_share_steps_and_match_running_alone(engine: E
         assert token_ids(events) == run_alone(p, max_tokens=6), rid
     assert max(len(b.chunks) for b in backend.batches) > 1  # they were batched together
     stats = engine.stats()[MODEL]
-    assert stats["total_output_tokens"] == 24 and stats["total_prompt_tokens"] == sum(map(len, prompts.values()))
-    assert stats["requests"] == [] and stats["in_flight"] == 0
+    assert stats.total_output_tokens == 24 and stats.total_prompt_tokens == sum(map(len, prompts.values()))
+    assert stats.scheduler.sequences == () and stats.in_flight == 0
 
 
 # ---- admission -----------------------------------------------------------------------------
@@ -136,7 +136,7 @@ async def test_abort_by_id_ends_the_stream_with_abort(engine: Engine) -> None:
     backend.resume()
     events = [e async for e in stream]
     assert events[-1].finish_reason is FinishReason.ABORT and events[-1].num_prompt_tokens == 4
-    await until(lambda: engine.stats()[MODEL]["kv_used"] == 0 and backend.script.kv_used() == 0)
+    await until(lambda: engine.stats()[MODEL].scheduler.kv_used == 0 and backend.script.kv_used() == 0)
 
 
 # ---- priorities and preemption -----------------------------------------------------------------
@@ -178,7 +178,7 @@ async def test_a_higher_priority_request_preempts_and_the_other_resumes_unchange
     low_events = await low
     assert token_ids(high) == run_alone(prompt(100, 5), max_tokens=4)
     assert token_ids(low_events) == run_alone(prompt(0, 6), max_tokens=30)  # recomputed, not changed
-    assert engine.stats()[MODEL]["preemptions"] == 1
+    assert engine.stats()[MODEL].scheduler.num_preemptions == 1
 
 
 # ---- failures --------------------------------------------------------------------------------

@@ -116,12 +116,12 @@ async def test_cancellation_storm_frees_everything(storm_server: ServerThread) -
         await asyncio.sleep(0.2)
     assert counts == (0, 0)
     assert server.num_in_flight() == 0
-    snapshot = server.call(lambda: server.engine.stats()[MODEL_ID]["requests"])
+    snapshot = server.call(lambda: server.engine.stats()[MODEL_ID].scheduler.sequences)
     deadline = time.monotonic() + 10
     while snapshot and time.monotonic() < deadline:  # the step thread publishes every 100 ms
         await asyncio.sleep(0.2)
-        snapshot = server.call(lambda: server.engine.stats()[MODEL_ID]["requests"])
-    assert snapshot == []
+        snapshot = server.call(lambda: server.engine.stats()[MODEL_ID].scheduler.sequences)
+    assert snapshot == ()
     # 200 x 1500 tokens would keep the model busy for many minutes; freed, a
     # fresh request takes about as long as before the storm.
     after_s = await asyncio.to_thread(fresh_request_seconds, server)

@@ -208,5 +208,5 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(fuzz_server: Serve
     # Valid requests got through to the model (the run was not all 400s), and
     # nothing is left running.
     stats = fuzz_server.call(lambda: fuzz_server.engine.stats()[MODEL_ID])
-    assert stats["total_output_tokens"] > 0
+    assert stats.total_output_tokens > 0
     assert fuzz_server.wait_in_flight(lambda n: n == 0, timeout=30) == 0

@@ -89,12 +89,12 @@ def test_options_follow_the_response_format_and_task() -> None:
 async def test_speech_transcribes_through_the_batcher(models: LocalModels, wav: Path) -> None:
     loaded = models.registry.get_oneshot(MODEL, ModelKind.TRANSCRIPTION)
     assert isinstance(loaded.backend, SpeechBackend)  # the declared interface, no cast
-    before = loaded.batcher.stats()["requests"]
+    before = loaded.batcher.stats().requests
     transcript = await run(models, audio=wav.read_bytes())
     assert word_error_rate(SENTENCE, transcript.text) < 0.35, transcript.text
     assert transcript.language == "en" and transcript.task == "transcribe"
     assert transcript.segments and transcript.duration_s > 1.0
-    assert loaded.batcher.stats()["requests"] == before + 1  # one request's windows went through the batcher
+    assert loaded.batcher.stats().requests == before + 1  # one request's windows went through the batcher
 
 
 @needs_speech

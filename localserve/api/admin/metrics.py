@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -43,9 +42,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from localserve.api.state import REGISTRY
-from localserve.engine.stats import Histogram
+from localserve.engine.prefix_disk import DiskTierStats
+from localserve.engine.stats import Histogram, ModelSnapshot
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.models.registry import ModelRegistry
+from localserve.models.registry.views import OneShotStats
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -133,7 +134,7 @@ class ServerCollector(Collector):
         yield from self._load_times()
         yield from self._oneshot(self.models.oneshot_stats())
 
-    def _generative(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    def _generative(self, stats: Mapping[str, ModelSnapshot]) -> Iterator[Metric]:
         m = ["model"]
         prompt = CounterMetricFamily("localserve_prompt_tokens", "Prompt tokens of finished requests", labels=m)
         generated = CounterMetricFamily(
@@ -169,26 +170,26 @@ class ServerCollector(Collector):
         kv_total = GaugeMetricFamily("localserve_kv_cache_capacity_tokens", "KV cache cells in all", labels=m)
         batch = GaugeMetricFamily("localserve_last_batch_size", "Sequences in the last engine step", labels=m)
         for model_id, s in stats.items():
+            sched = s.scheduler
             # The step thread publishes its snapshot at most every 100 ms; with
             # nothing in flight, nothing runs or waits (see api.stats).
-            idle = not s.get("in_flight")
-            prompt.add_metric([model_id], s.get("total_prompt_tokens", 0))
-            generated.add_metric([model_id], s.get("total_output_tokens", 0))
-            cached.add_metric([model_id], s.get("prefix_cache_hit_tokens", 0))
-            preempted.add_metric([model_id], s.get("preemptions", 0))
-            drafted.add_metric([model_id], s.get("spec_draft_tokens", 0))
-            accepted.add_metric([model_id], s.get("spec_accepted_tokens", 0))
-            if s.get("prefix_disk"):
-                for name, metric in disk.items():
-                    metric.add_metric([model_id], s.get(f"prefix_disk_{name.replace('seconds', 's')}", 0))
+            idle = not s.in_flight
+            prompt.add_metric([model_id], s.total_prompt_tokens)
+            generated.add_metric([model_id], s.total_output_tokens)
+            cached.add_metric([model_id], sched.num_cached_tokens)
+            preempted.add_metric([model_id], sched.num_preemptions)
+            drafted.add_metric([model_id], sched.num_draft_tokens)
+            accepted.add_metric([model_id], sched.num_accepted_tokens)
+            if sched.disk is not None:
+                for name, value in _disk_counts(sched.disk).items():
+                    disk[name].add_metric([model_id], value)
             for name in PRIORITY_ALIASES:
-                queue.add_metric([model_id, name], 0 if idle else s.get("waiting", {}).get(name, 0))
-            running.add_metric([model_id], 0 if idle else sum(s.get("running", {}).values()))
-            in_flight.add_metric([model_id], s.get("in_flight", 0))
-            kv_used.add_metric([model_id], s.get("kv_used", 0))
-            kv_total.add_metric([model_id], s.get("kv_total", 0))
-            sizes = s.get("recent_batch_sizes") or [0]
-            batch.add_metric([model_id], sizes[-1])
+                queue.add_metric([model_id, name], 0 if idle else sched.waiting_by_class.get(name, 0))
+            running.add_metric([model_id], 0 if idle else sum(sched.running_by_class.values()))
+            in_flight.add_metric([model_id], s.in_flight)
+            kv_used.add_metric([model_id], sched.kv_used)
+            kv_total.add_metric([model_id], s.kv_total)
+            batch.add_metric([model_id], (s.recent_batch_sizes or (0,))[-1])
         yield from (prompt, generated, cached, preempted, drafted, accepted, queue, running, in_flight, kv_used)
         yield from (kv_total, batch, *disk.values())
 
@@ -215,7 +216,7 @@ class ServerCollector(Collector):
             family.add_metric([model_id, oneshot.kind], oneshot.load_seconds)
         yield family
 
-    def _oneshot(self, stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    def _oneshot(self, stats: Mapping[str, OneShotStats]) -> Iterator[Metric]:
         labels = ["model", "kind"]
         padding = GaugeMetricFamily(
             "localserve_oneshot_padding_ratio", "Padding computed per real item size, since start", labels=labels
@@ -227,10 +228,21 @@ class ServerCollector(Collector):
         items = CounterMetricFamily("localserve_oneshot_items", "Items processed", labels=labels)
         batches = CounterMetricFamily("localserve_oneshot_batches", "Backend runs", labels=labels)
         for model_id, s in stats.items():
-            key = [model_id, str(s.get("kind", ""))]
-            padding.add_metric(key, s.get("padding_ratio", 0.0))
-            size.add_metric(key, s.get("mean_batch_size", 0.0))
-            queued.add_metric(key, s.get("queue_items", 0))
-            items.add_metric(key, s.get("items", 0))
-            batches.add_metric(key, s.get("batches", 0))
+            key, b = [model_id, str(s.kind)], s.batcher
+            padding.add_metric(key, b.padding_ratio)
+            size.add_metric(key, b.mean_batch_size)
+            queued.add_metric(key, b.queue_items)
+            items.add_metric(key, b.items)
+            batches.add_metric(key, b.batches)
         yield from (padding, size, queued, items, batches)
+
+
+def _disk_counts(disk: DiskTierStats) -> dict[str, float]:
+    """The disk tier's counters by metric name (restore seconds as `/api/v1/stats` rounds them)."""
+    return {
+        "hits": disk.num_hits,
+        "misses": disk.num_misses,
+        "bytes_written": disk.bytes_written,
+        "bytes_read": disk.bytes_read,
+        "restore_seconds": round(disk.restore_s, 4),
+    }

@@ -63,10 +63,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
+from localserve.api.admin.stats_json import batcher_json, model_json, request_json
 from localserve.api.middleware import parse_body
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
 from localserve.backends.devices import cached_snapshot
+from localserve.engine.stats import ModelSnapshot
 from localserve.engine.types import PRIORITY_ALIASES, priority_class
 from localserve.errors import InvalidRequestError
 from localserve.models.registry import ModelRegistry
@@ -195,19 +197,18 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
     }
 
 
-def _model_entry(model_id: str, stats: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _model_entry(model_id: str, stats: ModelSnapshot) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A model's engine stats with every priority class counted, and its requests."""
-    entry = {"id": model_id, **stats}
-    requests = entry.pop("requests", [])
+    entry = model_json(model_id, stats)
     # The step thread publishes its snapshot at most every 100 ms and may go
     # idle right after an abort without publishing again; with nothing in
     # flight on the event loop's side, nothing runs or waits.
-    idle = not stats.get("in_flight")
-    for key in ("running", "waiting"):
-        counts = stats.get(key, {})
+    idle = not stats.in_flight
+    for key, counts in (("running", stats.scheduler.running_by_class), ("waiting", stats.scheduler.waiting_by_class)):
         entry[key] = {name: 0 if idle else int(counts.get(name, 0)) for name in PRIORITY_ALIASES}
     if idle:
-        requests = []
+        return entry, []
+    requests = [request_json(model_id, seq) for seq in stats.scheduler.sequences]
     return entry, [{**r, "priority_class": priority_class(float(r["priority"]))} for r in requests]
 
 
@@ -220,7 +221,8 @@ def _keep_alive(app: web.Application) -> dict[str, dict[str, Any]]:
 def _one_shot_stats(state: StatsState, registry: ModelRegistry) -> dict[str, Any]:
     """Batcher stats of the hooks and of every loaded one-shot model (these win)."""
     hooked = {name: dict(_call_hook(provider, {})) for name, provider in state.one_shot.items()}
-    return {**hooked, **_call_hook(registry.oneshot_stats, {})}
+    loaded = _call_hook(registry.oneshot_stats, {})
+    return {**hooked, **{name: {"kind": s.kind, **batcher_json(s.batcher)} for name, s in loaded.items()}}
 
 
 def _call_hook(provider: Callable[[], Any] | None, default: Any) -> Any:

@@ -6,7 +6,9 @@ derived from the registry's records; nothing here keeps state."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+from localserve.engine.batcher_stats import BatcherSnapshot
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
 from localserve.models.kinds import ROUTES, ModelKind
@@ -15,6 +17,14 @@ from localserve.models.registry.records import LoadedModel, LoadedOneShot, Model
 
 #: The states in which a model answers the requests that hold it.
 SERVING = (RecordState.LOADED, RecordState.DRAINING)
+
+
+@dataclass(frozen=True, slots=True)
+class OneShotStats:
+    """A loaded one-shot model's kind and its batcher's snapshot."""
+
+    kind: ModelKind
+    batcher: BatcherSnapshot
 
 
 class RegistryViews:
@@ -81,9 +91,9 @@ class RegistryViews:
         model = self.loaded.get(model_id)
         return model.report.to_json() if model is not None and model.report is not None else {}
 
-    def oneshot_stats(self) -> dict[str, dict[str, object]]:
+    def oneshot_stats(self) -> dict[str, OneShotStats]:
         """Batcher stats per one-shot model, for the dashboard and /metrics."""
-        return {model_id: {"kind": m.kind, **m.batcher.stats()} for model_id, m in self.oneshot.items()}
+        return {model_id: OneShotStats(m.kind, m.batcher.stats()) for model_id, m in self.oneshot.items()}
 
     def busy(self, record: ModelRecord) -> bool:
         """Leases held, or work queued or running in the engine or the batcher."""
@@ -91,7 +101,7 @@ class RegistryViews:
             return True
         if isinstance(record.model, LoadedOneShot):
             stats = record.model.batcher.stats(0.0)
-            return bool(stats.get("in_flight") or stats.get("queue_items"))
+            return bool(stats.in_flight or stats.queue_items)
         return self.engine.has_model(record.model_id) and bool(self.engine.num_in_flight(record.model_id))
 
     def describe(self) -> list[dict[str, object]]:
