@@ -144,7 +144,8 @@ class SlotTable:
         return len(slot.token_ids)
 
     def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes, plan: StepPlan) -> None:
-        """Load a saved prefix (`token_ids`, whole blocks) from the disk tier into `slot`."""
+        """Load a saved sequence from the disk tier into `slot`, keeping its
+        first `len(token_ids)` cells (the prefix the new prompt shares)."""
         self.save(slot, 0, plan)
         plan.kv_used += len(token_ids) - len(slot.token_ids)
         plan.kv_ops.append(KvOp(KvOpKind.RESTORE, slot.slot_id, len(token_ids), key=key, payload=payload))
@@ -152,19 +153,20 @@ class SlotTable:
 
     def save(self, slot: Slot, num_kept: int, plan: StepPlan) -> None:
         """Before `slot` keeps only its first `num_kept` tokens: if whole blocks
-        beyond those would be lost and the disk tier lacks them, save them (the
-        slot keeps the saved blocks; the edit that follows trims the rest)."""
+        beyond those would be lost and the disk tier lacks them, save the
+        slot's whole sequence (prefix_disk.py: a restore then takes every
+        token a prompt shares with it)."""
         if self.disk is None:
             return
-        num_blocks = len(slot.token_ids) // BLOCK * BLOCK
+        num_tokens = len(slot.token_ids)
+        num_blocks = num_tokens // BLOCK * BLOCK
         if num_blocks <= num_kept or num_blocks < BLOCK:
             return
         key = chain_hashes(self.disk.identity, slot.token_ids[:num_blocks])[-1]
-        if self.disk.has(key):
+        if self.disk.stored_tokens(key) >= num_tokens:
             return
-        plan.kv_ops.append(KvOp(KvOpKind.SAVE, slot.slot_id, num_blocks, key=key))
-        plan.kv_used -= len(slot.token_ids) - num_blocks
-        del slot.token_ids[num_blocks:]
+        self.disk.expect(key, slot.token_ids)
+        plan.kv_ops.append(KvOp(KvOpKind.SAVE, slot.slot_id, num_tokens, key=key))
 
     def save_all(self, plan: StepPlan) -> None:
         """Save every slot's whole blocks the disk tier lacks (at unload and shutdown)."""
@@ -219,10 +221,12 @@ class DiskRestores:
         num_tokens, key = found
         if not self._pays(num_tokens - num_reused, compute_s_per_token):
             return num_reused
-        payload = disk.load(key)
-        if payload is None:  # truncated or corrupt: deleted, a miss
+        loaded = disk.load(key)
+        if loaded is None:  # truncated or corrupt: deleted, a miss
             disk.stats.num_misses += 1
             return num_reused
+        stored, payload = loaded
+        num_tokens = max(num_tokens, min(common_prefix_len(stored.tolist(), seq.token_ids), seq.num_tokens - 1))
         self._slots.restore(slot, seq.token_ids[:num_tokens], key, payload, plan)
         disk.stats.num_hits += 1
         return num_tokens

@@ -192,8 +192,8 @@ class KvOp:
     clearing `dst`).
     `save`: keep the first `num_tokens` cells of `slot` (drop the rest) and
     copy their state out, for the disk tier under `key` (StepResult.saved).
-    `restore`: clear `slot` and load `payload` (a saved state of `num_tokens`
-    cells) into it.
+    `restore`: clear `slot`, load `payload` (a saved state of at least
+    `num_tokens` cells) into it, and keep its first `num_tokens` cells.
     """
 
     kind: KvOpKind

@@ -1,6 +1,7 @@
 """The prefix cache's disk tier: the store (keys, checks, bounds, several
-processes) and the scheduler saving and restoring whole blocks (scripted
-backend: the KV view is checked after every step)."""
+processes) and the scheduler saving whole sequences keyed by their blocks
+and restoring every token a prompt shares with one (scripted backend: the
+KV view is checked after every step)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def store(tmp_path: Path, identity: str = ID, max_bytes: int = 1 << 30) -> DiskP
     return DiskPrefixStore(tmp_path / "prefix-cache", identity, max_bytes)
 
 
+def put(disk: DiskPrefixStore, key: str, token_ids: list[int], payload: bytes) -> None:
+    """A save, as the scheduler asks it (`expect`) and the worker hands it over (`put`)."""
+    disk.expect(key, token_ids)
+    disk.put(key, len(token_ids), payload)
+
+
 # ---- the store -----------------------------------------------------------------------------------
 
 
@@ -31,12 +38,13 @@ def test_longest_finds_the_longest_saved_whole_block_prefix(tmp_path):
     tokens = prompt(0, 3 * BLOCK + 10)
     keys = chain_hashes(ID, tokens)
     assert len(keys) == 3
-    disk.put(keys[0], BLOCK, b"one block")
-    disk.put(keys[1], 2 * BLOCK, b"two blocks")
+    put(disk, keys[0], tokens[:BLOCK], b"one block")
+    put(disk, keys[1], tokens[: 2 * BLOCK + 5], b"two blocks and 5")
     disk.flush()
     assert disk.longest(tokens, len(tokens)) == (2 * BLOCK, keys[1])
     assert disk.longest(tokens, 2 * BLOCK - 1) == (BLOCK, keys[0])  # limited: at most that many tokens
-    assert disk.load(keys[1]) == b"two blocks"
+    loaded = disk.load(keys[1])
+    assert loaded is not None and list(loaded[0]) == tokens[: 2 * BLOCK + 5] and loaded[1] == b"two blocks and 5"
     other = tokens[:BLOCK] + [7] + tokens[BLOCK + 1 :]  # differs in the second block
     assert disk.longest(other, len(other)) == (BLOCK, keys[0])
     assert store(tmp_path, "another.gguf|f16|f16").longest(tokens, len(tokens)) is None  # other model: no match
@@ -45,7 +53,7 @@ def test_longest_finds_the_longest_saved_whole_block_prefix(tmp_path):
 def test_a_restarted_store_finds_what_was_written_before(tmp_path):
     tokens = prompt(0, 2 * BLOCK)
     first = store(tmp_path)
-    first.put(chain_hashes(ID, tokens)[-1], 2 * BLOCK, b"state")
+    put(first, chain_hashes(ID, tokens)[-1], tokens, b"state")
     first.close()
     again = store(tmp_path)
     assert again.longest(tokens, len(tokens)) == (2 * BLOCK, chain_hashes(ID, tokens)[-1])
@@ -56,7 +64,7 @@ def test_a_damaged_file_is_deleted_with_one_warning_and_reads_as_a_miss(tmp_path
     disk = store(tmp_path)
     tokens = prompt(0, BLOCK)
     key = chain_hashes(ID, tokens)[0]
-    disk.put(key, BLOCK, os.urandom(5000))
+    put(disk, key, tokens, os.urandom(5000))
     disk.flush()
     path = disk.dir / f"{key}.kv"
     data = bytearray(path.read_bytes())
@@ -67,7 +75,7 @@ def test_a_damaged_file_is_deleted_with_one_warning_and_reads_as_a_miss(tmp_path
         path.write_bytes(bytes(data[:-100]))
     else:  # another key's file under this name
         other = chain_hashes(ID, prompt(1, BLOCK))[0]
-        disk.put(other, BLOCK, b"x" * 10)
+        put(disk, other, prompt(1, BLOCK), b"x" * 10)
         disk.flush()
         (disk.dir / f"{other}.kv").replace(path)
     with caplog.at_level(logging.WARNING, logger="localserve.engine.prefix_disk"):
@@ -82,11 +90,11 @@ def test_the_size_bound_evicts_the_least_recently_used_first(tmp_path):
     for i in range(4):
         key = chain_hashes(ID, prompt(i * 1000, BLOCK))[0]
         keys.append(key)
-        disk.put(key, BLOCK, bytes(10_000))
+        put(disk, key, prompt(i * 1000, BLOCK), bytes(10_000))
         disk.flush()
         os.utime(disk.dir / f"{key}.kv", (time.time() - 100 + i, time.time() - 100 + i))
     disk.load(keys[2])  # a hit renews it
-    disk.put(chain_hashes(ID, prompt(9000, BLOCK))[0], BLOCK, bytes(10_000))
+    put(disk, chain_hashes(ID, prompt(9000, BLOCK))[0], prompt(9000, BLOCK), bytes(10_000))
     disk.flush()
     left = {p.stem for p in disk.dir.glob("*.kv")}
     assert keys[2] in left and keys[0] not in left and keys[1] not in left
@@ -100,14 +108,14 @@ def test_two_processes_on_one_home_share_files_and_never_see_half_of_one(tmp_pat
     keys = [chain_hashes(ID, prompt(i * 1000, BLOCK))[0] for i in range(20)]
     for i, key in enumerate(keys):
         payload = bytes([i]) * 50_000
-        a.put(key, BLOCK, payload)
-        b.put(key, BLOCK, payload)
+        put(a, key, prompt(i * 1000, BLOCK), payload)
+        put(b, key, prompt(i * 1000, BLOCK), payload)
     a.flush()
     b.flush()
     assert not list(a.dir.glob("*.tmp"))
     fresh = store(tmp_path)
     loaded = {key: fresh.load(key) for key in keys}  # a save the busy writer dropped is absent: a cache may forget
-    assert all(data is None or data == bytes([i]) * 50_000 for i, data in enumerate(loaded.values()))
+    assert all(data is None or data[1] == bytes([i]) * 50_000 for i, data in enumerate(loaded.values()))
     assert sum(data is not None for data in loaded.values()) >= 8
 
 
@@ -142,12 +150,13 @@ def test_a_prefix_dropped_from_its_slot_is_saved_and_restored_instead_of_recompu
     driver = drive(disk, {"first": first, "other": other, "again": again})
     assert disk.stats.num_saves >= 1 and disk.stats.num_hits == 1
     restores = [op for b in driver.batches for op in b.kv_ops if op.kind == "restore"]
-    assert [op.num_tokens for op in restores] == [2 * BLOCK]
+    # every token the prompt shares with the saved sequence, past the last whole block
+    assert [op.num_tokens for op in restores] == [len(LONG)]
     last = driver.records["again"]
-    assert last.last.num_cached_tokens == 2 * BLOCK  # cached tokens, as usage reports them: from the disk tier
+    assert last.last.num_cached_tokens == len(LONG)  # cached tokens, as usage reports them: from the disk tier
     assert last.token_ids == alone(again)  # the same answer as computed from scratch
     prefill = [c for b in driver.batches for c in b.chunks if c.seq_id == driver.seq_ids["again"]]
-    assert prefill[0].start_pos == 2 * BLOCK  # only the tail was computed
+    assert prefill[0].start_pos == len(LONG)  # only what differs was computed
 
 
 def test_after_a_restart_the_prefix_comes_from_disk(tmp_path):

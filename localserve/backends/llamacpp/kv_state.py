@@ -51,7 +51,9 @@ def apply_kv_ops(
         elif op.kind == KvOpKind.RESTORE:
             started = time.perf_counter()
             llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
-            if not set_seq_state(ctx, op.slot, op.payload):
+            if set_seq_state(ctx, op.slot, op.payload):
+                llama_cpp.llama_memory_seq_rm(mem, op.slot, op.num_tokens, -1)  # the prompt shares these
+            else:
                 llama_cpp.llama_memory_seq_rm(mem, op.slot, -1, -1)
                 state.restore_failed.add(op.slot)
                 log.warning("llama.cpp refused a saved prefix state of %d tokens; recomputing", op.num_tokens)
