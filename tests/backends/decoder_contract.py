@@ -355,7 +355,9 @@ def _structured_output_and_tools(client: Any) -> None:
     }
     ask = [{"role": "user", "content": "Name a city and its country."}]
     fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
-    reply = client.chat.completions.create(model="smol", messages=ask, max_tokens=60, temperature=0.0, response_format=fmt)
+    reply = client.chat.completions.create(
+        model="smol", messages=ask, max_tokens=60, temperature=0.0, response_format=fmt
+    )
     value = json.loads(reply.choices[0].message.content)
     assert set(value) == {"city", "country"} and reply.choices[0].finish_reason == "stop"
     example = [{"role": "user", "content": 'Reply with JSON like {"city": "Rome", "country": "Italy"} for France.'}]
