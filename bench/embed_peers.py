@@ -205,21 +205,30 @@ async def http_run(url: str, texts: list[str], clients: int) -> dict[str, float]
     """`clients` concurrent clients post one text each until the texts are used up."""
     import aiohttp
 
-    pool = list(reversed(texts))
+    pool: list[str] = []
     latencies: list[float] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def post(text: str) -> tuple[int, Any]:
+            async with session.post(url, json={"model": MODEL_ID, "input": [text]}) as response:
+                return response.status, await response.json()
 
         async def client() -> None:
             while pool:
                 text = pool.pop()
                 started = time.monotonic()
-                async with session.post(url, json={"model": MODEL_ID, "input": [text]}) as response:
-                    body = await response.json()
-                    if response.status != 200 or len(body["data"][0]["embedding"]) != 384:
-                        raise RuntimeError(f"{url}: {response.status} {str(body)[:200]}")
+                status, body = await post(text)
+                if status != 200 or len(body["data"][0]["embedding"]) != 384:
+                    raise RuntimeError(f"{url}: {status} {str(body)[:200]}")
                 latencies.append(time.monotonic() - started)
 
-        await client()  # warm-up: one request of each kind of text
+        deadline = time.monotonic() + 600
+        while (await post(texts[0]))[0] == 503:  # the server is up, its model still loading
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url}: the model did not load in 600 s")
+            await asyncio.sleep(1)
+        pool.extend(reversed(texts[:8]))
+        await client()  # warm-up
         pool.extend(reversed(texts))
         latencies.clear()
         started = time.monotonic()
