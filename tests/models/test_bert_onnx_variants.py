@@ -142,3 +142,17 @@ def test_each_catalog_id_opens_its_variant(source: Path, store: Path, model_id: 
         assert backend.info().backend == "onnxruntime"
     finally:
         backend.close()
+
+
+def test_the_convert_command_writes_the_graph_asked_for(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localserve.cli.main import main
+
+    for args, suffix in (
+        ([], "f32-fused.onnx"),  # the catalog entry names no variant: fused
+        (["--graph", "int8"], "int8-fused.onnx"),
+        (["--graph", "plain"], "f32.onnx"),
+    ):
+        assert main(["convert", "all-minilm-l6-v2", "--format", "onnx", *args]) == 0
+        path = Path(capsys.readouterr().out.strip())
+        assert path.is_file() and path.is_relative_to(store) and path.name.endswith(suffix)
+        assert path.with_name(path.stem + ".tokenizer.json").is_file()
