@@ -31,6 +31,7 @@ from localserve.api.admin import debug, metrics, openapi
 from localserve.api.admin import models as models_admin
 from localserve.api.admin.stats import register_stats_routes
 from localserve.api.anthropic import messages
+from localserve.api.doc_models import ChatCompletion, Health, ModelList, ModelObject, TextCompletion
 from localserve.api.hosting import RequestModels
 from localserve.api.leases import release_leases_middleware
 from localserve.api.llamacpp import infill
@@ -40,6 +41,7 @@ from localserve.api.openai import audio, batches, embeddings, responses
 from localserve.api.openai.batch_service import JOBS
 from localserve.api.openai.chat import chat_completions
 from localserve.api.openai.completions import completions
+from localserve.api.routes import Route, add_routes
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
@@ -48,7 +50,7 @@ from localserve.models.kinds import ModelKind
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelRegistry
 from localserve.serving.generation import request_ids
 from localserve.serving.models import hold_chat_model
-from localserve.serving.openai.schemas import MAX_CHOICES, MAX_PROMPTS
+from localserve.serving.openai.schemas import MAX_CHOICES, MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +86,19 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     app.cleanup_ctx.append(_models_lifecycle)
     app.on_shutdown.append(_drain)  # graceful shutdown (SIGTERM, Ctrl-C): see `_drain`
     for prefix in API_PREFIXES:
-        app.router.add_get(f"{prefix}/models", list_models)
-        app.router.add_get(prefix + r"/models/{model_id:[\s\S]+}", get_model)  # any id: a bad one is a 400, not a 405
-        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
-        app.router.add_post(f"{prefix}/completions", completions)
-    app.router.add_post("/api/v1/requests/{request_id}/cancel", cancel_request)
-    app.router.add_get("/health", health)
+        add_routes(
+            app,
+            Route("GET", f"{prefix}/models", list_models, response=ModelList, query=("all",)),
+            # Any id: a bad one is a 400, not a 405.
+            Route("GET", prefix + r"/models/{model_id:[\s\S]+}", get_model, response=ModelObject),
+            Route("POST", f"{prefix}/chat/completions", chat_completions, ChatCompletionRequest, ChatCompletion),
+            Route("POST", f"{prefix}/completions", completions, CompletionRequest, TextCompletion),
+        )
+    add_routes(
+        app,
+        Route("POST", "/api/v1/requests/{request_id}/cancel", cancel_request),
+        Route("GET", "/health", health, response=Health),
+    )
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
     models_admin.register(app)  # /api/v1/pull, /api/v1/load, /api/v1/loaded, DELETE models/{id}, Ollama's pull/rm/cp
     embeddings.register(app)  # /v1/embeddings

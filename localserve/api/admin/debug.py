@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY, engine_of
 from localserve.engine.faults import FaultInjectingBackend
 from localserve.errors import InvalidRequestError
@@ -48,7 +49,7 @@ def register(app: web.Application, environ: Mapping[str, str] = os.environ) -> N
     """Only if `LOCALSERVE_ENABLE_FAULTS=1`: wrap the models and add the fault route."""
     if faults_enabled(environ):
         app[REGISTRY].engine.wrap_backends(FaultInjectingBackend)
-        app.router.add_post(FAULT_PATH, inject_fault)
+        add_routes(app, Route("POST", FAULT_PATH, inject_fault, FaultRequest))
 
 
 async def inject_fault(request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.engine.prefix_disk import DiskTierStats
 from localserve.engine.stats import Histogram, ModelSnapshot
@@ -81,7 +82,7 @@ def register(app: web.Application) -> None:
     """Add `/metrics` and the app's registry (`metrics_middleware` must be in
     the app's middlewares to count requests)."""
     app[METRICS] = Metrics(app[REGISTRY])
-    app.router.add_get("/metrics", scrape)
+    add_routes(app, Route("GET", "/metrics", scrape, media_types=("text/plain",)))
 
 
 def note_model(request: web.Request, model_id: str) -> None:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from localserve.api.admin.pulls import PULLS, Line, delete_files, stream_pull
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.errors import LocalServeError
 from localserve.models.catalog import ModelOptions
@@ -65,12 +66,17 @@ def register(app: web.Application) -> None:
     from localserve.api.ollama import admin as ollama_admin
 
     app[PULLS] = {}
-    app.router.add_post("/api/v1/pull", pull_model)
-    app.router.add_post("/api/v1/load", load_model)
-    app.router.add_get("/api/v1/loaded", loaded_models)
+    add_routes(
+        app,
+        Route(
+            "POST", "/api/v1/pull", pull_model, PullRequest, media_types=("application/json", "application/x-ndjson")
+        ),
+        Route("POST", "/api/v1/load", load_model, LoadRequest),
+        Route("GET", "/api/v1/loaded", loaded_models),
+    )
     for prefix in ("/v1", "/api/v1"):
         # Any characters ('/' and newlines too): every bad id reaches the handler and its 400, not the router's 404.
-        app.router.add_delete(prefix + r"/models/{model_id:[\s\S]+}", delete_model)
+        add_routes(app, Route("DELETE", prefix + r"/models/{model_id:[\s\S]+}", delete_model))
     ollama_admin.register(app)
 
 

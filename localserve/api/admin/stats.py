@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict
 from localserve import __version__
 from localserve.api.admin.stats_json import batcher_json, model_json, request_json
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
 from localserve.backends.devices import cached_snapshot
@@ -138,9 +139,12 @@ def register_stats_routes(app: web.Application) -> None:
     _state(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
-    app.router.add_get("/api/v1/stats", get_stats)
-    app.router.add_get("/api/v1/stats/stream", stream_stats)
-    app.router.add_post("/api/v1/unload", unload_model)
+    add_routes(
+        app,
+        Route("GET", "/api/v1/stats", get_stats),
+        Route("GET", "/api/v1/stats/stream", stream_stats, query=("interval_ms",), media_types=("text/event-stream",)),
+        Route("POST", "/api/v1/unload", unload_model, UnloadRequest),
+    )
 
 
 def set_batches_provider(app: web.Application, provider: BatchesProvider | None) -> None:

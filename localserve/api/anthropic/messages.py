@@ -28,8 +28,10 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.anthropic.request import CountTokensRequest, MessagesRequest, chat_request
+from localserve.api.doc_models import AnthropicMessage, TokenCount
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import ErrorShape, error_response, parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError, QueueFullError
 from localserve.serving.answer import Answer
@@ -64,8 +66,11 @@ OVERLOADED = 529  # Anthropic's status for "overloaded, retry later"
 def register(app: web.Application) -> None:
     """Add the Messages routes (give the app's error middleware `ERROR_SHAPE` too)."""
     for prefix in PREFIXES:
-        app.router.add_post(f"{prefix}/messages", create_message)
-        app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
+        add_routes(
+            app,
+            Route("POST", f"{prefix}/messages", create_message, MessagesRequest, AnthropicMessage),
+            Route("POST", f"{prefix}/messages/count_tokens", count_tokens, CountTokensRequest, TokenCount),
+        )
 
 
 def is_messages_path(path: str) -> bool:

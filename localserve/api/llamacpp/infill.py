@@ -28,6 +28,7 @@ from aiohttp import web
 from localserve.api.hosting import RequestModels
 from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
 from localserve.engine.types import SamplingParams, parse_priority
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 def register(app: web.Application) -> None:
-    app.router.add_post("/infill", infill)
+    add_routes(app, Route("POST", "/infill", infill, InfillRequest))
 
 
 async def infill(request: web.Request) -> web.StreamResponse:

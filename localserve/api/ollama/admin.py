@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from localserve.api.admin.pulls import delete_files, stream_pull
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.errors import InvalidRequestError, LocalServeError, ModelNotFoundError
 from localserve.models.names import validate_model_id
 from localserve.models.pull.hub import PullResult, plan_pull
@@ -55,9 +56,12 @@ class CopyRequest(BaseModel):
 
 
 def register(app: web.Application) -> None:
-    app.router.add_post("/api/pull", pull)
-    app.router.add_delete("/api/delete", delete)
-    app.router.add_post("/api/copy", copy)
+    add_routes(
+        app,
+        Route("POST", "/api/pull", pull, OllamaPullRequest),
+        Route("DELETE", "/api/delete", delete, _Named),
+        Route("POST", "/api/copy", copy, CopyRequest),
+    )
 
 
 async def pull(request: web.Request) -> web.StreamResponse:

@@ -42,6 +42,7 @@ from localserve.api.ollama.models import (
     model_entry,
     model_id_of,
 )
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.backends.base import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
@@ -58,15 +59,18 @@ NEVER_EXPIRES = "2318-01-01T00:00:00Z"
 
 def register(app: web.Application) -> None:
     """Add the Ollama routes (give the app's error middleware `ERROR_SHAPE` too)."""
-    app.router.add_get("/", root)
-    app.router.add_get("/api/version", version)
-    app.router.add_get("/api/tags", tags)
-    app.router.add_get("/api/ps", running)
-    app.router.add_post("/api/show", show)
-    app.router.add_post("/api/chat", ollama_chat.chat)
-    app.router.add_post("/api/generate", ollama_chat.generate)
-    app.router.add_post("/api/embed", embed)
-    app.router.add_post("/api/embeddings", embeddings)
+    add_routes(
+        app,
+        Route("GET", "/", root, media_types=("text/plain",)),
+        Route("GET", "/api/version", version),
+        Route("GET", "/api/tags", tags),
+        Route("GET", "/api/ps", running),
+        Route("POST", "/api/show", show, ShowRequest),
+        Route("POST", "/api/chat", ollama_chat.chat, ollama_chat.OllamaChatRequest),
+        Route("POST", "/api/generate", ollama_chat.generate, ollama_chat.OllamaGenerateRequest),
+        Route("POST", "/api/embed", embed, EmbedRequest),
+        Route("POST", "/api/embeddings", embeddings, LegacyEmbeddingsRequest),
+    )
 
 
 def is_ollama_path(path: str) -> bool:

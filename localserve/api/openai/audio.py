@@ -11,9 +11,11 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
+from localserve.api.doc_models import SPEECH_FORM, SPEECH_TYPES
 from localserve.api.hosting import RequestModels
 from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.oneshot import PREFIXES
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import SETTINGS
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
@@ -46,8 +48,11 @@ class SpeechForm:
 def register(app: web.Application) -> None:
     """Add the audio routes to `app`."""
     for prefix in PREFIXES:
-        app.router.add_post(f"{prefix}/audio/transcriptions", transcriptions)
-        app.router.add_post(f"{prefix}/audio/translations", translations)
+        add_routes(
+            app,
+            Route("POST", f"{prefix}/audio/transcriptions", transcriptions, form=SPEECH_FORM, media_types=SPEECH_TYPES),
+            Route("POST", f"{prefix}/audio/translations", translations, form=SPEECH_FORM, media_types=SPEECH_TYPES),
+        )
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:

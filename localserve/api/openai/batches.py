@@ -21,6 +21,7 @@ from localserve.api.admin.stats import set_batches_provider
 from localserve.api.middleware import parse_body
 from localserve.api.openai import files
 from localserve.api.openai.batch_service import JOBS, BatchService, jobs_of
+from localserve.api.routes import Route, add_routes
 from localserve.jobs.types import BATCH_ENDPOINTS, COMPLETION_WINDOWS
 
 PREFIXES = ("/v1", "/api/v1")
@@ -66,10 +67,13 @@ def register(app: web.Application) -> None:
     """Add the Files and Batch routes, the runner's lifecycle and the stats hook."""
     service = app[JOBS] = BatchService(app)
     for prefix in PREFIXES:
-        app.router.add_post(f"{prefix}/batches", create_batch)
-        app.router.add_get(f"{prefix}/batches", list_batches)
-        app.router.add_get(f"{prefix}/batches/{{batch_id}}", get_batch)
-        app.router.add_post(f"{prefix}/batches/{{batch_id}}/cancel", cancel_batch)
+        add_routes(
+            app,
+            Route("POST", f"{prefix}/batches", create_batch, CreateBatchRequest),
+            Route("GET", f"{prefix}/batches", list_batches, query=("limit", "after")),
+            Route("GET", f"{prefix}/batches/{{batch_id}}", get_batch),
+            Route("POST", f"{prefix}/batches/{{batch_id}}/cancel", cancel_batch),
+        )
     files.register(app)
     app.cleanup_ctx.append(_jobs_lifecycle)
     set_batches_provider(app, service.snapshot)

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from localserve.api.doc_models import EmbeddingList
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.oneshot import PREFIXES
+from localserve.api.routes import Route, add_routes
 from localserve.serving.openai.embeddings import EmbeddingRequest, answer
 
 
 def register(app: web.Application) -> None:
     """Add the embeddings routes to `app`."""
     for prefix in PREFIXES:
-        app.router.add_post(f"{prefix}/embeddings", create_embeddings)
+        add_routes(app, Route("POST", f"{prefix}/embeddings", create_embeddings, EmbeddingRequest, EmbeddingList))
 
 
 async def create_embeddings(request: web.Request) -> web.Response:

@@ -17,8 +17,10 @@ from typing import BinaryIO
 
 from aiohttp import BodyPartReader, web
 
+from localserve.api.doc_models import UPLOAD_FORM
 from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.openai.batch_service import jobs_of
+from localserve.api.routes import Route, add_routes
 from localserve.api.state import SETTINGS
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
 from localserve.jobs.types import UPLOAD_PURPOSES
@@ -32,11 +34,16 @@ MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
 
 def register(app: web.Application) -> None:
     for prefix in PREFIXES:
-        app.router.add_post(f"{prefix}/files", upload_file)
-        app.router.add_get(f"{prefix}/files", list_files)
-        app.router.add_get(f"{prefix}/files/{{file_id}}", get_file)
-        app.router.add_delete(f"{prefix}/files/{{file_id}}", delete_file)
-        app.router.add_get(f"{prefix}/files/{{file_id}}/content", file_content)
+        add_routes(
+            app,
+            Route("POST", f"{prefix}/files", upload_file, form=UPLOAD_FORM),
+            Route("GET", f"{prefix}/files", list_files, query=("order", "limit", "purpose", "after")),
+            Route("GET", f"{prefix}/files/{{file_id}}", get_file),
+            Route("DELETE", f"{prefix}/files/{{file_id}}", delete_file),
+            Route(
+                "GET", f"{prefix}/files/{{file_id}}/content", file_content, media_types=("application/octet-stream",)
+            ),
+        )
 
 
 def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -24,8 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.doc_models import ResponseObject as ResponseDoc
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
+from localserve.api.routes import Route, add_routes
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError
 from localserve.serving.openai.responses import (
@@ -53,7 +55,7 @@ from localserve.serving.types import (
 
 def register(app: web.Application) -> None:
     for prefix in ("/v1", "/api/v1"):
-        app.router.add_post(f"{prefix}/responses", create_response)
+        add_routes(app, Route("POST", f"{prefix}/responses", create_response, ResponsesRequest, ResponseDoc))
 
 
 class ResponseEvents:

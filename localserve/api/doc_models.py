@@ -1,0 +1,168 @@
+"""What the OpenAPI document says of answers the code does not type: the
+shapes of JSON answers (`Route.response`), the error envelopes of each
+dialect, and multipart forms (`Route.form`). Documentation only: handlers
+build their answers themselves; `extra="allow"` because answers may carry
+more fields."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow")  # answers may carry more fields
+
+
+class ErrorDetail(_Doc):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(_Doc):
+    """OpenAI's error object, on every route but Ollama's."""
+
+    error: ErrorDetail
+
+
+class OllamaError(_Doc):
+    """Ollama's error object, on Ollama's routes."""
+
+    error: str
+
+
+class Health(_Doc):
+    status: Literal["ok", "loading", "error"]
+    not_loaded: dict[str, str] | None = None  # start-up models beyond --max-loaded-models -> why
+
+
+class ModelObject(_Doc):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Doc):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class Usage(_Doc):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class ChatChoice(_Doc):
+    index: int
+    message: dict[str, Any]
+    finish_reason: str | None
+
+
+class ChatCompletion(_Doc):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class TextChoice(_Doc):
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+class TextCompletion(_Doc):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class Embedding(_Doc):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingList(_Doc):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ResponseObject(_Doc):
+    """OpenAI's Responses API `response` (`/v1/responses`)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]
+    output_text: str
+    usage: dict[str, Any] | None
+
+
+class AnthropicMessage(_Doc):
+    """Anthropic's `message` (`/v1/messages`)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: dict[str, Any]
+
+
+class TokenCount(_Doc):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(_Doc):
+    type: str
+    message: str
+
+
+class AnthropicError(_Doc):
+    """Anthropic's error object, on the Messages routes."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+SPEECH_FORM: dict[str, Any] = {
+    "type": "object",
+    "required": ["file", "model"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the audio (wav, mp3, flac, ogg, ...)"},
+        "model": {"type": "string"},
+        "language": {"type": "string"},
+        "prompt": {"type": "string"},
+        "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment", "word"]}},
+        "priority": {"type": "string"},
+    },
+}
+UPLOAD_FORM: dict[str, Any] = {
+    "type": "object",
+    "required": ["file", "purpose"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "purpose": {"type": "string", "enum": ["batch", "batch_output", "fine-tune", "assistants", "user_data"]},
+        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+        "expires_after[seconds]": {"type": "integer"},
+    },
+}
+SPEECH_TYPES = ("application/json", "text/plain", "application/x-subrip", "text/vtt")
