@@ -304,13 +304,17 @@ class Batcher(Generic[ItemT, OutputT]):
     def stats(self, recent_s: float = 10.0) -> BatcherSnapshot:
         """A snapshot for the dashboard and /metrics (cheap; any thread)."""
         with self._cond:
-            queue = (len(self._pending), self._num_waiting_requests, self._num_in_flight, self._busy)
+            queue_items, queue_requests = len(self._pending), self._num_waiting_requests
+            in_flight, dispatching = self._num_in_flight, self._busy
         cfg, figures = self.config, self._stats.snapshot(recent_s)
         return BatcherSnapshot(
-            self._backend_name,
-            self._device,
-            *queue,
-            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
+            backend=self._backend_name,
+            device=self._device,
+            queue_items=queue_items,
+            queue_requests=queue_requests,
+            in_flight=in_flight,
+            dispatching=dispatching,
+            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},  # totals and rates
             padding_free=self.backend.padding_free,
             max_batch_size=cfg.max_batch_size,
             max_batch_tokens=cfg.max_batch_tokens,
