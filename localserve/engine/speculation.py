@@ -23,7 +23,11 @@ The proposer here is prompt lookup (`NgramDrafter`): the longest recent
 n-gram at the sequence's end that occurred before, in its prompt or its
 output, proposes the tokens that followed it then. No second model; it wins
 where output copies input (editing, rewriting, code, quoting) and proposes
-nothing on ordinary chat.
+nothing on ordinary chat. When the tail matches the earlier passage for
+LONG_MATCH tokens or more, the sequence is copying: its drafts may run to
+the backend's limit (32) rather than `--draft-max`, and its acceptance is
+taken as at least what the match's length says (`match_acceptance`), as
+llama-server's `ngram-mod` drafts 48-64 tokens behind a 24-token match.
 
 How many to verify (`draft_lengths`): a step costs about
 ``a + b * tokens + c * sequences`` (`StepTimeModel`, learned from the steps
@@ -51,6 +55,10 @@ if TYPE_CHECKING:  # sequence.py holds a SpecState per sequence
     from localserve.engine.sequence import Sequence
 
 NGRAM_SIZES = (4, 3, 2)  # longest first: a longer match predicts better
+#: A tail that matches an earlier passage for at least this many tokens is
+#: being copied: its drafts may run to the backend's limit, not `--draft-max`.
+LONG_MATCH = 16
+MATCH_LOOKBACK = 64  # how far back a match is measured
 PRIOR_ACCEPTANCE = 0.7  # a new sequence's acceptance rate until it has drafted
 ACCEPTANCE_MEMORY = 0.3  # weight of the newest step in a sequence's acceptance rate
 RECOVERY = 0.02  # a step with drafts on offer but none verified moves the rate this much back toward the prior
@@ -64,10 +72,13 @@ class NgramDrafter:
 
     indexes: dict[int, dict[tuple[int, ...], int]] = field(default_factory=lambda: {n: {} for n in NGRAM_SIZES})
     num_indexed: int = 0  # positions whose n-grams ending there are in the indexes
+    match_len: int = 0  # how many tokens of the tail the last proposal's passage matched (<= MATCH_LOOKBACK)
 
     def propose(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` tokens that followed the last occurrence of the
-        sequence's longest matching tail n-gram; [] when none matches."""
+        sequence's longest matching tail n-gram; [] when none matches.
+        `match_len` tells how long the match runs back."""
+        self.match_len = 0
         if max_tokens <= 0:
             return []
         end = len(token_ids) - 1  # index n-grams ending before the last token only
@@ -81,6 +92,14 @@ class NgramDrafter:
                 continue
             start = self.indexes[n].get(tuple(token_ids[-n:]))
             if start is not None:
+                length = n
+                while (
+                    length < MATCH_LOOKBACK
+                    and start - length > 0
+                    and token_ids[start - 1 - length] == token_ids[-1 - length]
+                ):
+                    length += 1
+                self.match_len = length
                 return list(token_ids[start : start + max_tokens])
         return []
 
@@ -108,6 +127,13 @@ class SpecState:
         back toward the prior, so a sequence whose drafts once failed is
         tried again now and then (the text it copies may have changed)."""
         self.acceptance += RECOVERY * (PRIOR_ACCEPTANCE - self.acceptance)
+
+
+def match_acceptance(match_len: int) -> float:
+    """What a match this long says of the next token's acceptance (the rule
+    of succession: a passage copied for L tokens goes on with (L+1)/(L+2)),
+    for a copy at least LONG_MATCH tokens long; 0 below."""
+    return (match_len + 1) / (match_len + 2) if match_len >= LONG_MATCH else 0.0
 
 
 def expected_tokens(acceptance: float, num_draft: int) -> float:
@@ -160,6 +186,7 @@ class DraftPlanner:
 
     def __init__(self, config: SchedulerConfig, capacity: Capacity) -> None:
         self.max_draft = min(config.draft_max, capacity.max_draft_tokens)
+        self.max_copy_draft = max(self.max_draft, capacity.max_draft_tokens)  # a long match's drafts
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
         self._kv_tokens = capacity.kv_tokens
@@ -181,7 +208,7 @@ class DraftPlanner:
         pay under the step-time model's `coefficients()`."""
         if not self.max_draft:
             return
-        proposals: list[tuple[Sequence, list[int]]] = []
+        proposals: list[tuple[Sequence, list[int], float]] = []
         for seq, num_new in plan.scheduled.items():
             if num_new != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
                 continue  # a prompt chunk, or the prompt's last token: no output to draft after yet
@@ -190,24 +217,27 @@ class DraftPlanner:
             if seq.spec is None:
                 seq.spec = SpecState()
             # The last sampled token is free; positions stay inside the context.
-            room = min(
-                self.max_draft,
-                seq.sampling.max_tokens - seq.num_output_tokens - 1,
-                self._n_ctx - seq.num_tokens - 1,
-            )
-            draft_ids = [-1] * room if self.draft_model else seq.spec.drafter.propose(seq.token_ids, room)
+            limit = min(seq.sampling.max_tokens - seq.num_output_tokens - 1, self._n_ctx - seq.num_tokens - 1)
+            if self.draft_model:
+                draft_ids, acceptance = [-1] * min(self.max_draft, limit), seq.spec.acceptance
+            else:
+                draft_ids = seq.spec.drafter.propose(seq.token_ids, min(self.max_copy_draft, limit))
+                copying = match_acceptance(seq.spec.drafter.match_len)
+                if not copying:
+                    del draft_ids[self.max_draft :]
+                acceptance = max(seq.spec.acceptance, copying)
             if draft_ids:
-                proposals.append((seq, draft_ids))
+                proposals.append((seq, draft_ids, acceptance))
         if not proposals:
             return
         k = draft_lengths(
-            [(seq.spec.acceptance, len(d)) for seq, d in proposals if seq.spec is not None],
+            [(acceptance, len(d)) for _, d, acceptance in proposals],
             num_tokens=plan.num_tokens,
             num_seqs=plan.num_seqs,
             coefficients=coefficients(),
-            max_draft=self.max_draft,
+            max_draft=max(len(d) for _, d, _ in proposals),
         )
-        for seq, draft_ids in proposals:
+        for seq, draft_ids, _ in proposals:
             take = min(k, len(draft_ids), plan.budget, self._kv_tokens - plan.kv_used)
             if take > 0 and self.draft_model:
                 plan.add_model_drafts(seq, take)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.speculation import NgramDrafter, accept_drafts, draft_lengths, expected_tokens
+from localserve.engine.speculation import (
+    LONG_MATCH,
+    NgramDrafter,
+    accept_drafts,
+    draft_lengths,
+    expected_tokens,
+    match_acceptance,
+)
 
 from .scripted import Driver, hashed_next_token, linear_cost, make_capacity, prompt
 
@@ -64,6 +71,29 @@ def test_ngram_drafter_prefers_the_longest_match():
     # (7, 8) is followed by 1 at its first occurrence and by 2 after (6, 7, 8)
     tokens = [6, 7, 8, 2, 0, 5, 7, 8, 1, 0, 6, 7, 8]
     assert drafter.propose(tokens, 1) == [2]
+
+
+def test_the_drafter_measures_how_long_the_tail_copies_a_passage():
+    drafter = NgramDrafter()
+    passage = list(range(100, 140))
+    tokens = [*passage, 7, 7, *passage[:30]]
+    assert drafter.propose(tokens, 5) == passage[30:35]
+    assert drafter.match_len == 30  # the whole copied stretch, not only the 4-gram
+    assert match_acceptance(30) == 31 / 32 and match_acceptance(LONG_MATCH - 1) == 0.0
+    short = NgramDrafter()
+    assert short.propose([1, 2, 3, 9, 1, 2, 3], 5) == [9, 1, 2, 3] and short.match_len == 3
+
+
+def test_a_long_copy_drafts_past_draft_max():
+    """A sequence copying a long passage drafts up to the backend's limit
+    (16 here), not `draft_max` (6), when a step's cost is mostly fixed."""
+    source = prompt(10, 120)
+    memory_bound = linear_cost(0.01, 0.0002, 0.0)
+    capacity = make_capacity(max_num_seqs=4, max_draft_tokens=16, n_ctx=512, kv_tokens=2048)
+    driver = run(SPEC, {"a": source}, copying(source), max_tokens=100, step_cost=memory_bound, capacity=capacity)
+    drafts = [c.num_draft for b in driver.batches for c in b.chunks]
+    assert max(drafts) == 16 and driver.backend.num_accepted == driver.backend.num_drafted
+    assert driver.records["a"].token_ids == source[:100]
 
 
 # ---- the acceptance rule -------------------------------------------------------------------------
