@@ -100,10 +100,12 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
         providers = session_providers(config.device, ort.get_available_providers())
         options = ort.SessionOptions()
         # Arena, memory pattern and thread spinning stay at ONNX Runtime's
-        # defaults: turning each off, A/B in alternating processes on the
-        # batcher's shapes (1-32 rows, 15-200 tokens, served at 1/8/32
-        # clients), moved items/s by less than the run-to-run spread on a
-        # shared 2-core machine (issue 32).
+        # defaults (bench/onnx_settings.py, alternating processes, on a shared
+        # 2-core machine at load 2.5-3.5): arena or memory pattern off gained
+        # nothing consistent; spinning off gave 1.4-2.7x on 1-8 short texts
+        # but 0.9x on 32 rows or 200 tokens and nothing clear when served,
+        # and the machine was never quiet, where spinning is what pays off
+        # (llama.cpp: 0.4x without it). To be decided on a quiet machine.
         options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(path), options, providers=providers)
