@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from localserve.models.convert.bert_onnx import Graph
+from localserve.models.convert.bert_onnx_graph import Graph
 
 MS_DOMAIN = "com.microsoft"
 
