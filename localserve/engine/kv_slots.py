@@ -143,7 +143,7 @@ class SlotTable:
         plan.kv_used += len(slot.token_ids)
         return len(slot.token_ids)
 
-    def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes, plan: StepPlan) -> None:
+    def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes | memoryview, plan: StepPlan) -> None:
         """Load a saved sequence from the disk tier into `slot`, keeping its
         first `len(token_ids)` cells (the prefix the new prompt shares)."""
         self.save(slot, 0, plan)

@@ -122,12 +122,15 @@ class DiskPrefixStore:
         with self._lock:
             self._pending[key] = tuple(token_ids)
 
-    def load(self, key: str) -> tuple[array.array[int], bytes] | None:
+    def load(self, key: str) -> tuple[array.array[int], memoryview] | None:
         """A saved sequence's token ids and payload, checked; None (and the
         file deleted) if it is not whole and ours."""
         path = self.dir / f"{key}.kv"
         try:
-            data = path.read_bytes()
+            with path.open("rb") as file:  # into one buffer that the payload's view shares: no copies
+                data = bytearray(os.fstat(file.fileno()).st_size)
+                if file.readinto(data) != len(data):
+                    data = bytearray()  # shorter than it said: fails the check below
         except OSError:
             self._forget(key)
             return None
@@ -230,7 +233,7 @@ class DiskPrefixStore:
             self._index.pop(key, None)
 
 
-def _check(data: bytes, key: str) -> tuple[array.array[int], bytes] | None:
+def _check(data: bytearray, key: str) -> tuple[array.array[int], memoryview] | None:
     if len(data) < _HEADER.size:
         return None
     magic, version, stored_key, num_tokens, size, crc = _HEADER.unpack_from(data)
@@ -242,7 +245,7 @@ def _check(data: bytes, key: str) -> tuple[array.array[int], bytes] | None:
         return None
     token_ids = array.array("i")
     token_ids.frombytes(view[_HEADER.size : start])
-    return token_ids, data[start:]
+    return token_ids, view[start:]
 
 
 def _peek_tokens(path: Path) -> int:

@@ -201,7 +201,7 @@ class KvOp:
     num_tokens: int
     src: int = -1
     key: str = ""  # save, restore: the disk tier's key
-    payload: bytes = field(default=b"", repr=False)  # restore: the saved state
+    payload: bytes | memoryview = field(default=b"", repr=False)  # restore: the saved state (a view: no copy)
 
 
 @dataclass(frozen=True, slots=True)

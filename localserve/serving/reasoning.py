@@ -27,6 +27,7 @@ sampler writes the closing marker itself (backends/constraints.py,
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -47,7 +48,11 @@ class ReasoningFormat:
     @classmethod
     def of(cls, template: ChatTemplate) -> ReasoningFormat | None:
         """The format the model's chat template writes, or None when the
-        template knows no think section."""
+        template knows no think section (once per compiled template)."""
+        return _format_of(template)
+
+    @classmethod
+    def read(cls, template: ChatTemplate) -> ReasoningFormat | None:
         if template.is_default or CLOSE not in template.source:
             return None
         try:
@@ -65,6 +70,11 @@ class ReasoningFormat:
         if tail.endswith(self.open):
             return f"{tail}\n\n{self.close}\n\n"
         return f"{prompt}{self.open}\n\n{self.close}\n\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _format_of(template: ChatTemplate) -> ReasoningFormat | None:
+    return ReasoningFormat.read(template)
 
 
 class ReasoningParser:

@@ -71,10 +71,14 @@ def seq_state(ctx: llama_cpp.llama_context_p, slot: int) -> bytes:
     return ctypes.string_at(buffer, written)
 
 
-def set_seq_state(ctx: llama_cpp.llama_context_p, slot: int, payload: bytes) -> bool:
+def set_seq_state(ctx: llama_cpp.llama_context_p, slot: int, payload: bytes | memoryview) -> bool:
     """Load a saved sequence state into `slot`; False if llama.cpp refuses it."""
-    buffer = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
-    return bool(llama_cpp.llama_state_seq_set_data(ctx, buffer, len(payload), slot))
+    size = len(payload)
+    if isinstance(payload, memoryview) and not payload.readonly:
+        buffer = (ctypes.c_uint8 * size).from_buffer(payload)  # the file's buffer itself: no copy
+    else:
+        buffer = (ctypes.c_uint8 * size).from_buffer_copy(payload)
+    return bool(llama_cpp.llama_state_seq_set_data(ctx, buffer, size, slot))
 
 
 @functools.cache
