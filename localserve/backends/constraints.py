@@ -44,16 +44,15 @@ if TYPE_CHECKING:
 class GrammarMatcher:
     """One sequence's grammar state: which tokens may come next."""
 
-    __slots__ = ("_matcher", "_tokenizer", "_n_vocab", "_mask", "_eos")
+    __slots__ = ("_matcher", "_tokenizer", "_mask", "_eos")
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, n_vocab: int) -> None:
+    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str) -> None:
         import llguidance
 
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
             raise InvalidRequestError(f"the grammar is not valid: {_first_line(self._matcher.get_error())}")
         self._tokenizer = tokenizer
-        self._n_vocab = n_vocab
         self._mask: np.ndarray | None = None  # the mask of the current position, once computed
         self._eos = tokenizer.eos_tokens
 
@@ -73,7 +72,8 @@ class GrammarMatcher:
 
     def allows(self, token_id: int) -> bool:
         if self._mask is not None:
-            return bool(self._allowed_ids_mask()[token_id]) if token_id < self._n_vocab else False
+            allowed = self._allowed_ids_mask()
+            return bool(allowed[token_id]) if token_id < len(allowed) else False
         return self._matcher.validate_tokens([token_id]) == 1
 
     def consume(self, token_id: int) -> None:
@@ -150,8 +150,8 @@ class ThinkBudget:
                 self._inside = None
         elif self.OPEN in self._tail:
             self._inside, self._tail = True, self._tail[self._tail.index(self.OPEN) + len(self.OPEN) :]
-        elif self._tail.strip():
-            self._inside = None  # the answer began without a think section
+        elif (start := self._tail.lstrip()) and not self.OPEN.startswith(start):
+            self._inside = None  # the answer began without a think section ("<th" may still become one)
 
 
 def think_budget(params: SamplingParams, tokenizer: Tokenizer) -> ThinkBudget | None:

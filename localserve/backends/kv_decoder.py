@@ -198,7 +198,7 @@ class KvDecoderBackend(GenerativeBackend):
             self._matcher(params.grammar)
 
     def _matcher(self, grammar: str) -> GrammarMatcher:
-        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar, self._tokenizer.vocab_size)
+        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar)
 
     def execute(self, batch: StepBatch) -> StepResult:
         self.release(batch.released_seq_ids)

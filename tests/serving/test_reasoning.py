@@ -84,3 +84,22 @@ def test_a_grammar_constrains_only_the_answer_after_the_section() -> None:
     opened = reasoning_grammar(OPENED, answer)
     assert _accepts(opened, 'first this</think>{"a": 2}')
     assert not _accepts(opened, '{"a": 2}')  # inside the section until it is closed
+
+
+def test_the_budget_closes_a_section_the_model_opened_in_pieces() -> None:
+    """`<think>` written in several tokens still opens the section for the
+    budget; an answer without one leaves the budget idle."""
+    from localserve.backends.constraints import ThinkBudget
+
+    pieces = {1: b"<th", 2: b"ink>", 3: b" hm", 4: b"\n</think>\n\n", 5: b"Yes"}
+    budget = ThinkBudget(2, [4], pieces.__getitem__, opened=False)
+    for token in (1, 2, 3, 3):
+        assert budget.forced() is None
+        budget.note(token)
+    assert budget.forced() == 4  # two thinking tokens written: the close is forced
+    budget.note(4)
+    assert budget.forced() is None
+    plain = ThinkBudget(1, [4], pieces.__getitem__, opened=False)
+    for token in (5, 3, 3):
+        plain.note(token)
+        assert plain.forced() is None

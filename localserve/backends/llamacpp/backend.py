@@ -338,7 +338,7 @@ class LlamaCppBackend(GenerativeBackend):
         return apply_kv_ops(ctx, mem, kv_ops, split_kv=self._split_kv)
 
     def _matcher(self, grammar: str) -> GrammarMatcher:
-        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar, self._n_vocab)
+        return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar)
 
     def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
         failed: dict[int, str] = {}
