@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import mmap
 import os
 import queue
 import struct
@@ -127,11 +128,16 @@ class DiskPrefixStore:
         file deleted) if it is not whole and ours."""
         path = self.dir / f"{key}.kv"
         try:
-            with path.open("rb") as file:  # into one buffer that the payload's view shares: no copies
-                data = bytearray(os.fstat(file.fileno()).st_size)
-                if file.readinto(data) != len(data):
-                    data = bytearray()  # shorter than it said: fails the check below
-        except OSError:
+            # Mapped, not read: the page cache's pages themselves, with no
+            # buffer to allocate, zero and copy into (a 48 MB bytearray cost
+            # 34 ms of the step before, reading into it 10 ms more). Private
+            # and writable, because llama.cpp is handed a ctypes view of it;
+            # nothing writes to it. Files are only ever replaced whole
+            # (`_write`), never truncated in place while mapped.
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                data: mmap.mmap | bytes = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
+        except (OSError, ValueError):
             self._forget(key)
             return None
         loaded = _check(data, key)
@@ -233,7 +239,7 @@ class DiskPrefixStore:
             self._index.pop(key, None)
 
 
-def _check(data: bytearray, key: str) -> tuple[array.array[int], memoryview] | None:
+def _check(data: mmap.mmap | bytes, key: str) -> tuple[array.array[int], memoryview] | None:
     if len(data) < _HEADER.size:
         return None
     magic, version, stored_key, num_tokens, size, crc = _HEADER.unpack_from(data)

@@ -156,7 +156,7 @@ async def test_priority_story_with_a_batch_job(live: LiveServer) -> None:
         chats += [asyncio.create_task(chat_forever(http, "interactive", max_tokens=24)) for _ in range(2)]
         while not await server_requests(http):
             await asyncio.sleep(0.05)
-        batch_id = await start_batch_job(http, num_lines=60, max_tokens=64)
+        batch_id = await start_batch_job(http, num_lines=60, max_tokens=16)
         app = DashboardApp(HttpSource(live.base_url))
         try:
             async with app.run_test(size=SIZE) as pilot:

@@ -22,7 +22,7 @@ import llama_cpp
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.constraints import GrammarMatcher, think_budget
 from localserve.backends.kv_types import KV_CACHE_TYPES
-from localserve.backends.llamacpp.devices import init_llama, load_model
+from localserve.backends.llamacpp.devices import init_llama, load_model, warm_up
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.kv_state import KvEdits, apply_kv_ops, library_build
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
@@ -142,6 +142,7 @@ class LlamaCppBackend(GenerativeBackend):
             )
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
+        warm_up(model, ctx, self._batch)
         self._split_kv = not params.kv_unified
         kv_actual = int(llama_cpp.llama_n_ctx(ctx))
         per_slot = int(llama_cpp.llama_n_ctx_seq(ctx)) if self._split_kv else kv_actual

@@ -189,3 +189,32 @@ def _ggml() -> ctypes.CDLL:
         function = getattr(lib, name)
         function.argtypes, function.restype = args, result
     return lib  # type: ignore[no-any-return]
+
+
+def warm_up(model: llama_cpp.llama_model_p, ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> None:
+    """Decode one token in `ctx` and forget it, as llama-server does at start
+    (its --no-warmup turns that off): otherwise the first request of a fresh
+    process pays for the weights' first touch (the mmap's page faults) and
+    the compute buffers' first use. `llama_set_warmup` makes a
+    mixture-of-experts graph touch every expert. Unlike llama-server, the KV
+    cells are cleared without zeroing their memory: that would commit the
+    whole KV buffer at start (8 slots x 4,096 tokens of SmolLM2 are 750 MB),
+    where a slot's pages are otherwise touched only as it fills."""
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    token = llama_cpp.llama_vocab_bos(vocab)
+    if token < 0:
+        token = max(0, llama_cpp.llama_vocab_eos(vocab))
+    llama_cpp.llama_set_warmup(ctx, True)
+    try:
+        if llama_cpp.llama_model_has_decoder(model):
+            batch.token[0] = token
+            batch.pos[0] = 0  # type: ignore[call-overload]  # a llama_pos*; the stubs say an array of arrays
+            batch.n_seq_id[0] = 1
+            batch.seq_id[0][0] = 0
+            batch.logits[0] = 1
+            batch.n_tokens = 1
+            llama_cpp.llama_decode(ctx, batch)  # a failure here shows again, explained, at the first request
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), False)
+        llama_cpp.llama_synchronize(ctx)
+    finally:
+        llama_cpp.llama_set_warmup(ctx, False)

@@ -26,7 +26,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localserve.backends.llamacpp.devices import load_model
+from localserve.backends.llamacpp.devices import load_model, warm_up
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepBatch
 from localserve.errors import BackendError, LocalServeError
@@ -77,6 +77,7 @@ class DraftModel:
             if not self._ctx:
                 raise LocalServeError(f"llama.cpp could not create a context for the draft model {path}")
             self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
+            warm_up(model, self._ctx, self._batch)
         except BaseException:
             self.close()
             raise
