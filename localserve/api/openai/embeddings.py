@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from localserve.api.doc_models import EmbeddingList
@@ -21,4 +22,5 @@ def register(app: web.Application) -> None:
 
 async def create_embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, EmbeddingRequest)
-    return web.json_response(await answer(RequestModels(request), body))
+    result = await answer(RequestModels(request), body, arrays=True)
+    return web.Response(body=orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY), content_type="application/json")

@@ -53,18 +53,31 @@ class EmbeddingRequest(BaseModel):
         return list(value)  # type: ignore[arg-type]
 
 
-async def answer(host: ModelHost, body: EmbeddingRequest) -> dict[str, Any]:
-    """The embeddings `list` object for `body` (the endpoint and batch lines)."""
+async def answer(host: ModelHost, body: EmbeddingRequest, *, arrays: bool = False) -> dict[str, Any]:
+    """The embeddings `list` object for `body` (the endpoint and batch lines).
+
+    With `arrays`, float vectors stay float32 numpy arrays, for an encoder
+    that writes them itself (the endpoint's orjson: each number as float32's
+    shortest decimal, which reads back to the same float32, in a tenth of
+    the time `json` takes over the list of float64s and in half the bytes).
+    """
     inputs = tuple(x if isinstance(x, str) else tuple(x) for x in body.inputs())
     request = EmbeddingsRequest(body.model, inputs, body.dimensions, parse_priority(body.priority))
     result = await embed(host, request)
-    encode = _base64 if body.encoding_format == "base64" else _floats
+    if body.encoding_format == "base64":
+        encode: Any = _base64
+    else:
+        encode = _float32 if arrays else _floats
     data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(result.vectors)]
     return {"object": "list", "data": data, "model": body.model, "usage": usage_tokens(result.num_tokens)}
 
 
 def _floats(vector: np.ndarray) -> list[float]:
     return vector.astype(np.float32).tolist()  # type: ignore[no-any-return]
+
+
+def _float32(vector: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(vector, dtype=np.float32)
 
 
 def _base64(vector: np.ndarray) -> str:
