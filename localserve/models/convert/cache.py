@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.convert.fingerprint import content_fingerprint
 
 CONVERTER_VERSION = 1
 OUT_TYPES = ("f16", "f32")
@@ -123,8 +124,7 @@ def cached_gguf(
 def store_target(model: SentenceTransformersModel, name: str, suffix: str) -> Path:
     """`<store>/<name>/<name>-<digest>-<suffix>`, the digest keyed by the
     source weights and the converter, so a changed source converts again."""
-    stat = model.weights.stat()
-    fingerprint = f"{model.weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{suffix}|v{CONVERTER_VERSION}"
+    fingerprint = f"{content_fingerprint(model.weights)}|{suffix}|v{CONVERTER_VERSION}"
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
     folder = name.replace("/", "--").replace(":", "@")  # org/repo:TAG as one folder name
     return model_store() / folder / f"{folder}-{digest}-{suffix}"

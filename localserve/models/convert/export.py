@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.convert.fingerprint import content_fingerprint
 
 #: format -> (our exporter's version, the packages whose versions key the cache)
 EXPORTERS = {
@@ -122,7 +123,7 @@ class _Stages:
 
 def _digest(source: Path, fmt: str, precision: str) -> str:
     files = [source] if source.is_file() else sorted(p for p in source.iterdir() if p.is_file())
-    parts = [f"{p.resolve()}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in files]
+    parts = [content_fingerprint(p) for p in files]
     version, packages = EXPORTERS.get(fmt, (1, ("torch", "transformers")))
     key = "|".join([*parts, fmt, precision, f"v{version}", *(f"{p}={_version(p)}" for p in packages)])
     return hashlib.sha256(key.encode()).hexdigest()[:12]

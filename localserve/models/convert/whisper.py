@@ -25,6 +25,7 @@ import numpy as np
 
 from localserve.errors import InvalidRequestError
 from localserve.models.convert.cache import Progress, model_store, write_atomically
+from localserve.models.convert.fingerprint import content_fingerprint
 
 CONVERTER_VERSION = 1
 GGML_MAGIC = 0x67676D6C  # "ggml"
@@ -213,8 +214,7 @@ def store_target(source: Path, name: str, suffix: str) -> Path:
     weights = source / "model.bin"
     if not weights.is_file():
         raise InvalidRequestError(f"{source} is not a CTranslate2 Whisper folder (no model.bin)")
-    stat = weights.stat()
-    fingerprint = f"{weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{suffix}|v{CONVERTER_VERSION}"
+    fingerprint = f"{content_fingerprint(weights)}|{suffix}|v{CONVERTER_VERSION}"
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
     folder = name.replace("/", "--").replace(":", "@")  # org/repo:TAG as one folder name
     return model_store() / folder / f"{folder}-{digest}-{suffix}"
