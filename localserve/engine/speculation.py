@@ -35,8 +35,9 @@ that ran), and a sequence whose drafts are accepted with probability alpha
 each gains ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens from k drafts. The
 scheduler picks the one cap K on draft length for the step that gives the
 most expected tokens per predicted second, K = 0 (no speculation) included,
-so a compute-bound step drafts nothing. Each sequence's alpha follows its
-own recent acceptance.
+so a compute-bound step drafts nothing. A drafted token is priced as a
+decoding sequence's token, b + c (`draft_lengths`). Each sequence's alpha
+follows its own recent acceptance.
 """
 
 from __future__ import annotations
@@ -158,8 +159,17 @@ def draft_lengths(
     per predicted second. `proposals` are (acceptance, drafts available) of
     the sequences that could draft; the step already holds `num_tokens`
     tokens of `num_seqs` sequences (each of those yields one token, or its
-    prompt chunk); `coefficients` are the step-time model's (a, b, c)."""
+    prompt chunk); `coefficients` are the step-time model's (a, b, c).
+
+    A drafted token costs b + c, what a decoding sequence's token costs: it
+    has its own logits row and sample, as a sequence does. Pricing it at b
+    alone, the cost of a token in a long prompt chunk, was far too cheap on
+    a CPU, where a token in a small step costs several times more (SmolLM2,
+    2 threads: a step of 16 tokens is 8.5x a one-token step, one of 64
+    tokens 27x, `bench/verify_cost.py`): 16 chat streams drafted where it
+    cost them 16% of their throughput."""
     a, b, c = coefficients
+    per_draft = b + c
     best_k, best_rate = 0, 0.0
     base_time = a + b * num_tokens + c * num_seqs
     if base_time <= 0.0:
@@ -173,7 +183,7 @@ def draft_lengths(
             n = min(k, available)
             extra_tokens += n
             gain += expected_tokens(acceptance, n) - 1.0
-        rate = (base_yield + gain) / (base_time + b * extra_tokens)
+        rate = (base_yield + gain) / (base_time + per_draft * extra_tokens)
         if rate > best_rate * (1.0 + 1e-9):
             best_k, best_rate = k, rate
     return best_k

@@ -286,3 +286,26 @@ def test_a_draft_model_that_is_often_wrong_changes_no_output():
 def test_draft_mode_needs_a_draft_model():
     with pytest.raises(ValueError, match="--draft-model"):
         Driver(make_capacity(max_draft_tokens=16), config=DRAFT)
+
+
+def small_steps_cost_more(num_tokens: int, num_seqs: int) -> float:
+    """A CPU's shape: up to two tokens a sequence cost 8 ms each, tokens
+    beyond (long prompt chunks) 0.5 ms; a line through such steps prices a
+    drafted token near the cheap end."""
+    small = min(num_tokens, 2 * num_seqs)
+    return 0.002 + 0.008 * small + 0.0005 * (num_tokens - small)
+
+
+def test_a_drafted_token_is_priced_as_a_decoding_token():
+    """Eight streams whose drafts are accepted two times in three: priced as
+    a prompt token (the step-time model's b, about 1 ms here) they look worth
+    drafting; priced as a decoding sequence's token (b + c, 8 ms, against
+    66 ms for a step of eight) they are not."""
+    source = prompt(10, 48)
+    capacity = make_capacity(max_num_seqs=8, max_draft_tokens=16)
+    prompts = {f"s{i}": source[i:] for i in range(8)}
+    driver = run(
+        SPEC, prompts, copying(source, diverge_every=3), max_tokens=60, step_cost=small_steps_cost_more, capacity=capacity
+    )
+    late = driver.batches[len(driver.batches) // 2 :]
+    assert sum(c.num_draft for b in late for c in b.chunks) == 0
