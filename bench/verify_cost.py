@@ -5,7 +5,7 @@ verifies them), after a 500-token context, for n = 1, 2, 4, ... 64.
 Speculation pays only if a step of 1 + k tokens costs much less than k + 1
 steps of one token. This prints the time per step and its ratio to the
 one-token step, and the most a step could gain if every draft were
-accepted: (k + 1) * t(1) / t(k + 1). GGUF files other than the default model
+accepted: (k + 1) * t(1) / t(k + 1). Each model starts at a 1-minute load below 0.5. GGUF files other than the default model
 (e.g. requantized with llama.cpp's quantize) are compared with --model.
 
     python bench/verify_cost.py [--model PATH ...] [--json bench/results/verify-cost.json]
@@ -20,8 +20,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.compare_servers import wait_for_quiet  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXT = 500
@@ -74,8 +77,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     models = args.model or [str(resolve("smollm2-135m-instruct").path)]
-    report = {"load_before": round(os.getloadavg()[0], 2), "threads": args.threads, "models": {}}
+    report: dict[str, Any] = {"threads": args.threads, "load_before": [], "models": {}}
     for model in models:
+        report["load_before"].append(round(wait_for_quiet(), 2))
         rows = measure(model, args.threads, args.repeats)
         report["models"][Path(model).name] = rows
         print(Path(model).name)
