@@ -165,8 +165,8 @@ def draft_lengths(
     has its own logits row and sample, as a sequence does. Pricing it at b
     alone, the cost of a token in a long prompt chunk, was far too cheap on
     a CPU, where a token in a small step costs several times more (SmolLM2,
-    2 threads: a step of 16 tokens is 8.5x a one-token step, one of 64
-    tokens 27x, `bench/verify_cost.py`): 16 chat streams drafted where it
+    2 threads: a step of 16 tokens is 8.2x a one-token step, one of 64
+    tokens 24x, `bench/verify_cost.py`): 16 chat streams drafted where it
     cost them 16% of their throughput."""
     a, b, c = coefficients
     per_draft = b + c
