@@ -305,7 +305,12 @@ def test_a_drafted_token_is_priced_as_a_decoding_token():
     capacity = make_capacity(max_num_seqs=8, max_draft_tokens=16)
     prompts = {f"s{i}": source[i:] for i in range(8)}
     driver = run(
-        SPEC, prompts, copying(source, diverge_every=3), max_tokens=60, step_cost=small_steps_cost_more, capacity=capacity
+        SPEC,
+        prompts,
+        copying(source, diverge_every=3),
+        max_tokens=60,
+        step_cost=small_steps_cost_more,
+        capacity=capacity,
     )
     late = driver.batches[len(driver.batches) // 2 :]
     assert sum(c.num_draft for b in late for c in b.chunks) == 0
