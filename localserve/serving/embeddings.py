@@ -4,6 +4,7 @@ callers by the model's micro-batcher."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
@@ -22,7 +23,7 @@ from localserve.serving.models import ModelHost, hold_oneshot_model
 #: each, the hop was about 15% of the event loop's samples); longer ones go
 #: off the loop.
 INLINE_TOKENIZE_CHARS = 2000
-_EMBEDDERS: dict[int, tuple[object, bool]] = {}  # id(backend) -> (backend, is an Embedder)
+_EMBEDDERS: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()  # backend -> is an Embedder
 
 
 @runtime_checkable
@@ -93,15 +94,16 @@ def _is_embedder(backend: object) -> TypeGuard[Embedder]:
     """isinstance against the runtime-checkable protocol, once per backend
     object: that check walks the protocol's members on every call, which
     was about 5% of the event loop's samples serving short queries to 32
-    clients (a py-spy trace)."""
-    key = id(backend)
-    known = _EMBEDDERS.get(key)
-    if known is None or known[0] is not backend:
-        known = (backend, isinstance(backend, Embedder))
-        if len(_EMBEDDERS) > 64:
-            _EMBEDDERS.clear()
-        _EMBEDDERS[key] = known
-    return known[1]
+    clients (a py-spy trace). The backend is remembered weakly, so an
+    unloaded model's backend is not kept alive by this."""
+    try:
+        return _EMBEDDERS[backend]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referable
+        return isinstance(backend, Embedder)
+    verdict = _EMBEDDERS[backend] = isinstance(backend, Embedder)
+    return verdict
 
 
 def _token_lists(
