@@ -37,7 +37,8 @@ def add_convert_command(subparsers: Any) -> None:
         "--graph",
         choices=("fused", "int8", "plain"),
         default=None,
-        help="ONNX graph: fused (ONNX Runtime's fused operators, float32), int8 (the same, int8 weights) or "
+        help="ONNX graph: fused (ONNX Runtime's fused operators, float32), int8 (the same with int8 "
+        "projections, activations quantized per token) or "
         "plain (standard operators only) (default: the catalog entry's variant, else fused)",
     )
     parser.add_argument(

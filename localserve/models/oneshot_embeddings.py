@@ -4,8 +4,9 @@ A sentence-transformers BERT folder runs on any of three backends, each from
 a one-time conversion cached in the model store (no torch):
 
 * `onnx` - ONNX Runtime, on a graph built from the safetensors (`convert.bert_onnx`):
-  ONNX Runtime's fused operators in float32, or their int8 form where the
-  catalog entry says `"variant": "int8"`;
+  ONNX Runtime's fused operators in float32, or their int8 form (per-token
+  activation scales, `convert.bert_onnx_int8`) where the catalog entry says
+  `"variant": "int8"`, as all-minilm-l6-v2's does;
 * `llamacpp` - llama.cpp, on a converted GGUF (`convert`);
 * `openvino` - OpenVINO, on an IR (`convert_openvino`).
 

@@ -1,5 +1,5 @@
 """`POST /v1/embeddings` over HTTP, with the official openai SDK, against the
-real all-MiniLM-L6-v2 (converted to GGUF on load into a temporary store)."""
+real all-MiniLM-L6-v2 (converted on load into a temporary store: the int8 ONNX graph, else GGUF)."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("onnx-home")))
-        path = cached_onnx(resolve(MODEL).path, MODEL)
+        path = cached_onnx(resolve(MODEL).path, MODEL, variant="int8")  # the graph the catalog id runs
     srv = ServerThread(make_settings(models=[f"minilm-onnx={path}"], threads=2)).start()
     try:
         srv.wait_healthy(timeout=120)
@@ -193,8 +193,8 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
         assert stats.batcher.padding_free is False and stats.batcher.items == 12
     finally:
         srv.stop()
-    from_llama = vectors(client.embeddings.create(model=MODEL, input=texts))
-    assert np.min(np.sum(from_onnx * from_llama, axis=1)) > 0.9999
+    from_catalog_id = vectors(client.embeddings.create(model=MODEL, input=texts))
+    assert np.min(np.sum(from_onnx * from_catalog_id, axis=1)) > 0.9999
 
 
 # ---- listed and counted like any model -------------------------------------------------------

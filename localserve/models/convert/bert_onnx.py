@@ -15,6 +15,7 @@ from pathlib import Path
 
 from localserve.models.convert.bert_onnx_fused import FusedGraph
 from localserve.models.convert.bert_onnx_graph import Graph
+from localserve.models.convert.bert_onnx_int8 import RowInt8Graph
 from localserve.models.convert.cache import (
     Progress,
     SentenceTransformersModel,
@@ -25,9 +26,10 @@ from localserve.models.convert.cache import (
 
 #: graph variant -> the file suffix in the store. `plain`: standard operators
 #: only (what OpenVINO converts); `fused`: ONNX Runtime's contrib operators
-#: (bert_onnx_fused.py), the same arithmetic; `int8`: `fused` with its weights
-#: quantized to int8 (dynamic quantization; checked against `fused` by the tests).
-VARIANTS = {"plain": "f32.onnx", "fused": "f32-fused.onnx", "int8": "int8-fused.onnx"}
+#: (bert_onnx_fused.py), the same arithmetic; `int8`: `fused` with every
+#: projection in int8, activations quantized per token (bert_onnx_int8.py;
+#: checked against `fused` by the tests).
+VARIANTS = {"plain": "f32.onnx", "fused": "f32-fused.onnx", "int8": "int8-rows.onnx"}
 
 
 def tokenizer_path(onnx_path: Path) -> Path:
@@ -44,41 +46,11 @@ def cached_onnx(
     if target.is_file() and tokenizer_path(target).is_file() and not force:
         return target
     write_atomically(tokenizer_path(target), lambda tmp: shutil.copyfile(model.path / "tokenizer.json", tmp))
-    if variant == "int8":
-        fused = cached_onnx(source, name, variant="fused", force=force, progress=progress)
-        return write_atomically(target, lambda tmp: _quantize(fused, tmp))
     return write_atomically(target, lambda tmp: _write_graph(model, tmp, _graph_class(variant), progress))
 
 
 def _graph_class(variant: str) -> type[Graph]:
-    if variant == "fused":
-        return FusedGraph
-    return Graph
-
-
-def _quantize(source: Path, path: Path) -> None:
-    """int8 weights (one scale per output channel) on the feed-forward input
-    MatMuls (384 -> 1536 in MiniLM), activations quantized per call
-    (onnxruntime.quantization). Measured against float32 on the fixed texts of
-    tests/models/test_bert_onnx_variants.py, in padded batches of mixed
-    lengths (the activation scale is per batch): every MatMul int8 gave
-    cosine down to 0.986, all but the feed-forward outputs 0.990, these
-    alone 0.991; one scale per weight tensor 0.84."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    others = [n.name for n in graph.node if n.op_type == "MatMul" and ".intermediate." not in n.input[1]]
-    quantize_dynamic(
-        source,
-        path,
-        op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=others,
-        per_channel=True,
-        weight_type=QuantType.QInt8,
-        # Shape inference cannot see through the contrib operators: every tensor is float.
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    return {"fused": FusedGraph, "int8": RowInt8Graph}.get(variant, Graph)
 
 
 def _write_graph(
