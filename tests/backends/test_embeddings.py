@@ -298,6 +298,13 @@ def test_onnx_padded_batches_equal_one_by_one(onnx_backend: OnnxEmbeddingBackend
         assert cosine(vector, onnx_backend.run([item])[0]) > 0.9999
 
 
+def test_onnx_threads_stop_spinning_between_runs(onnx_backend: OnnxEmbeddingBackend) -> None:
+    """Spinning pool threads would burn the cores the event loop and a chat model share between batches."""
+    options = onnx_backend._session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert options.intra_op_num_threads == 2
+
+
 async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: OnnxEmbeddingBackend) -> None:
     texts = sentences(48)
     ratios = {}

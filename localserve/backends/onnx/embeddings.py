@@ -99,15 +99,21 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
         self.config = config
         providers = session_providers(config.device, ort.get_available_providers())
         options = ort.SessionOptions()
-        # Arena, memory pattern and thread spinning stay at ONNX Runtime's
-        # defaults (bench/onnx_settings.py, alternating processes, on a shared
-        # 2-core machine at load 2.5-3.5): arena or memory pattern off gained
-        # nothing consistent; spinning off gave 1.4-2.7x on 1-8 short texts
-        # but 0.9x on 32 rows or 200 tokens and nothing clear when served,
-        # and the machine was never quiet, where spinning is what pays off
-        # (llama.cpp: 0.4x without it). To be decided on a quiet machine.
+        # Arena and memory pattern stay at ONNX Runtime's defaults
+        # (bench/onnx_settings.py: off gained nothing consistent). Spinning:
+        # the pool threads spin inside a run, where the next operator follows
+        # within microseconds, but stop at its end
+        # (`session.force_spinning_stop`). Left spinning after a run they
+        # burned 1.3-2.5 ms of CPU per short text served at 32 clients, on the
+        # cores the event loop, the HTTP clients and any chat model share.
+        # Served all-MiniLM-L6-v2 (int8), stopping against spinning on, 2
+        # alternating runs of 3 pairs each at load < 0.5: queries 1 client
+        # 1.08/1.21x, 32 clients 0.99/1.07x; passages 1 client 1.53/1.12x, 32
+        # clients 0.98/0.98x; server CPU per query at 32 clients 4.4-5.4 ms
+        # -> 2.8-3.4 ms. Spinning off altogether lost 0.8x at 1 client.
         options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self._session = ort.InferenceSession(str(path), options, providers=providers)
         self._device = label(providers)
         self._open_tokenizer(tokenizer_file, config.max_input_tokens)
