@@ -255,8 +255,8 @@ def main() -> None:
     add("--peers", default="infinity-optimum,infinity-torch,fastembed", help="comma-separated (default: all three)")
     add("--clients", default="1,32", help="concurrent clients per cell (default: 1,32)")
     add("--workloads", default="queries,passages", help="queries (~15 tokens), passages (~200 tokens)")
-    add("--queries", type=int, default=256, help="texts per queries cell")
-    add("--passages", type=int, default=64, help="texts per passages cell")
+    add("--queries", type=int, default=1024, help="texts per queries cell (a run of ~2 s at 32 clients)")
+    add("--passages", type=int, default=128, help="texts per passages cell")
     add("--pairs", type=int, default=3, help="alternating pairs per cell (default: 3)")
     add("--threads", type=int, default=os.cpu_count() or 2, help="localserve's and fastembed's threads (all cores)")
     add(
