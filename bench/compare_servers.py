@@ -153,7 +153,9 @@ def build_llama_server(*, portable: bool = False) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     build = LLAMA_CPP_SRC / "build"
-    pip_download = f"-m pip download --no-binary llama-cpp-python --no-deps llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} -d"
+    pip_download = (
+        f"-m pip download --no-binary llama-cpp-python --no-deps llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} -d"
+    )
     options = "-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "
     options += "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON"
     if portable:

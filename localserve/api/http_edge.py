@@ -11,6 +11,7 @@ while aiohttp reads and drops the rest of an unread body (a body that
 stopped arriving, gzip that is not gzip).
 
 Use `ApiRunner` wherever `web.AppRunner` would serve `create_app`'s app.
+It also writes the access log with `AccessLog`: one line per request.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -88,8 +90,36 @@ class ApiServer(web.Server):
         return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+class AccessLog(AbstractAccessLogger):
+    """`127.0.0.1 "POST /v1/embeddings HTTP/1.1" 200 4973 0.012s "python-httpx/0.28"`: the
+    client, request line, status, bytes sent, seconds taken and user agent.
+    The log format adds the date, so the line carries no second timestamp;
+    formatting is left to the handler (aiohttp's own format-string logger
+    cost about a tenth of the event loop's time on short embeddings)."""
+
+    def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if self.logger.isEnabledFor(logging.INFO):
+            self.logger.info(
+                '%s "%s %s HTTP/%d.%d" %d %d %.3fs "%s"',
+                request.remote,
+                request.method,
+                request.path_qs,
+                request.version.major,
+                request.version.minor,
+                response.status,
+                response.body_length,
+                time,
+                request.headers.get("User-Agent", "-"),
+            )
+
+
 class ApiRunner(web.AppRunner):
-    """`web.AppRunner` serving through `ApiServer`; same arguments."""
+    """`web.AppRunner` serving through `ApiServer` and logging with
+    `AccessLog`; same arguments."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        kwargs.setdefault("access_log_class", AccessLog)
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

@@ -273,17 +273,18 @@ class Batcher(Generic[ItemT, OutputT]):
                 exc if isinstance(exc, LocalServeError) else BackendError(f"the backend failed in this batch: {exc}")
             )
             self._record(group, started, failed=True)
-            for request in {id(e.request): e.request for e in group}.values():
-                _post(request, _fail, request, error)
+            _post_all([(request, _fail, error) for request in {id(e.request): e.request for e in group}.values()])
             return
         self._record(group, started, failed=False)
         by_request: dict[int, list[tuple[int, OutputT]]] = {}
         for entry, output in zip(group, outputs, strict=True):
             by_request.setdefault(id(entry.request), []).append((entry.index, output))
+        posts = []
         for entry in group:
             results = by_request.pop(id(entry.request), None)
             if results is not None:
-                _post(entry.request, _deliver, entry.request, results)
+                posts.append((entry.request, _deliver, results))
+        _post_all(posts)
 
     def _record(self, group: list[_Entry[ItemT]], started: float, *, failed: bool) -> None:
         sizes = [e.size for e in group]
@@ -296,8 +297,7 @@ class Batcher(Generic[ItemT, OutputT]):
             requests = {id(e.request): e.request for e in self._pending}
             self._pending = []
             self._num_waiting_requests = 0
-        for request in requests.values():
-            _post(request, _fail, request, error)
+        _post_all([(request, _fail, error) for request in requests.values()])
 
     # ---- stats -----------------------------------------------------------------
 
@@ -327,9 +327,24 @@ class Batcher(Generic[ItemT, OutputT]):
 # ---- delivery on the caller's loop ---------------------------------------------------
 
 
-def _post(request: _Request[Any], fn: Any, *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
-        request.loop.call_soon_threadsafe(fn, *args)
+def _post_all(posts: list[tuple[_Request[Any], Any, Any]]) -> None:
+    """Run each `fn(request, arg)` on its request's loop: one
+    `call_soon_threadsafe` per loop (each call writes to the loop's wake-up
+    pipe; a batch of 32 from one server is one write, not 32)."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[_Request[Any], Any, Any]]]] = {}
+    for post in posts:
+        by_loop.setdefault(id(post[0].loop), (post[0].loop, []))[1].append(post)
+    for loop, calls in by_loop.values():
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
+            loop.call_soon_threadsafe(_run_posts, calls)
+
+
+def _run_posts(calls: list[tuple[_Request[Any], Any, Any]]) -> None:
+    for request, fn, arg in calls:
+        try:
+            fn(request, arg)
+        except Exception:  # one caller's failure must not strand the others
+            log.exception("delivering a batch result failed")
 
 
 def _deliver(request: _Request[Any], results: list[tuple[int, Any]]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -107,6 +108,16 @@ def test_malformed_http_gets_the_json_envelope_and_one_log_line(
     assert len(lines) == 1 and detail in lines[0].getMessage() and "\n" not in lines[0].getMessage()
     assert_no_traceback(server_log)
     assert_still_answers(fuzz_server)
+
+
+def test_each_request_gets_one_access_log_line(fuzz_server: ServerThread, server_log: pytest.LogCaptureFixture) -> None:
+    with httpx.Client(base_url=fuzz_server.base_url, headers={**HEADERS, "User-Agent": "probe/1.0"}) as http:
+        assert http.get("/v1/models?x=1").status_code == 200
+        assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+    lines = [r.getMessage() for r in server_log.records if r.name == "aiohttp.access"]
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r'127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 \d+ \d+\.\d{3}s "probe/1\.0"', lines[0])
+    assert re.fullmatch(r'127\.0\.0\.1 "POST /v1/embeddings HTTP/1\.1" 404 \d+ \d+\.\d{3}s "probe/1\.0"', lines[1])
 
 
 def test_gzip_body_that_is_not_gzip_is_a_400(fuzz_server: ServerThread, server_log: pytest.LogCaptureFixture) -> None:
