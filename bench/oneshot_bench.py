@@ -18,8 +18,10 @@ Each row also holds the ceiling for its load: the best items/s the backend's
 own `run()` gives on the same texts taken as N clients hand them over (pool
 order, N at a time), each N sorted by length and cut into batches of 1, 2, 4,
 ... up to N (no queue, the least padding), and
-the micro-batcher's items/s against it ("on / ceiling"), measured right
-before the row's two cells.
+the micro-batcher's items/s against it ("on / ceiling"). Each client count
+runs `--rounds` rounds of ceiling, off and on, the order rotating round by
+round; ratios are taken within a round (the host's speed drifts by tens of
+percent within minutes) and the row gives their median and range.
 
 A second table shows the padding ratio (padded slots / real tokens or audio
 frames) a padded backend computed at 32 clients, length grouping off vs on.
@@ -227,9 +229,9 @@ def transcribe_one(backend):  # type: ignore[no-untyped-def]
 # ---- tables --------------------------------------------------------------------------------
 
 THROUGHPUT_HEADER = [
-    "| backend | clients | off items/s | on items/s | on / off | ceiling items/s (batch) | on / ceiling "
-    "| p50 latency ms off / on | mean batch (on) | CPU ms/item off / on | load avg before off / on "
-    "| others' cores off / on |",
+    "| backend | clients | off items/s | on items/s | on / off (range) | ceiling items/s (batch) | on / ceiling (range) "
+    "| p50 latency ms off / on | mean batch (on) | CPU ms/item off / on | max load avg before off / on "
+    "| max others' cores off / on |",
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 PADDING_HEADER = [
@@ -238,31 +240,60 @@ PADDING_HEADER = [
 ]
 
 
-def throughput_rows(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig, clients: list[int]):  # type: ignore[no-untyped-def]
+def throughput_rows(
+    bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig, clients: list[int], rounds: int
+):  # type: ignore[no-untyped-def]
+    """Per client count, `rounds` rounds of the ceiling, batching off and
+    batching on, in an order that rotates round by round (the host's speed
+    drifts by tens of percent within minutes, so a ratio is only taken
+    within a round); the row gives the medians and the range of the ratios."""
     rows = []
     for n in clients:
-        ceiling, size = pool_ceiling(backend, jobs, n) if run_one is embed_one else (float("nan"), 0)
-        off = asyncio.run(measure(bench, backend, replace(base, max_batch_size=1), jobs, run_one, n))
-        on = asyncio.run(measure(bench, backend, base, jobs, run_one, n))
-        for mode, cell in (("off", off), ("on", on)):
-            bench.cells.append(
-                {
-                    "table": "throughput",
-                    "backend": name,
-                    "clients": n,
-                    "batching": mode,
-                    "ceiling_items_per_s": ceiling,
-                    "ceiling_batch": size,
-                    **asdict(cell),
-                }
-            )
-        flag = " **BUSY**" if off.busy or on.busy else ""
+        rounds_seen: list[dict[str, Any]] = []
+        for r in range(rounds):
+            seen: dict[str, Any] = {}
+            for step in ("ceiling", "off", "on")[r % 3 :] + ("ceiling", "off", "on")[: r % 3]:
+                if step == "ceiling":
+                    seen[step] = pool_ceiling(backend, jobs, n) if run_one is embed_one else (float("nan"), 0)
+                else:
+                    config = replace(base, max_batch_size=1) if step == "off" else base
+                    seen[step] = asyncio.run(measure(bench, backend, config, jobs, run_one, n))
+            rounds_seen.append(seen)
+            (ceiling, size), off, on = seen["ceiling"], seen["off"], seen["on"]
+            for mode, cell in (("off", off), ("on", on)):
+                bench.cells.append(
+                    {
+                        "table": "throughput",
+                        "backend": name,
+                        "clients": n,
+                        "round": r,
+                        "batching": mode,
+                        "ceiling_items_per_s": ceiling,
+                        "ceiling_batch": size,
+                        **asdict(cell),
+                    }
+                )
+
+        def med(values: list[float]) -> float:
+            return statistics.median(values)
+
+        def spread(values: list[float]) -> str:
+            return f"{med(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+        offs, ons = [s["off"] for s in rounds_seen], [s["on"] for s in rounds_seen]
+        ceilings = [s["ceiling"][0] for s in rounds_seen]
+        sizes = sorted({s["ceiling"][1] for s in rounds_seen})
+        flag = " **BUSY**" if any(c.busy for c in offs + ons) else ""
         rows.append(
-            f"| {name}{flag} | {n} | {off.items_per_s:.1f} | {on.items_per_s:.1f} | {on.items_per_s / off.items_per_s:.2f} "
-            f"| {ceiling:.1f} ({size}) | {on.items_per_s / ceiling:.2f} "
-            f"| {off.p50_latency_ms:.0f} / {on.p50_latency_ms:.0f} | {on.mean_batch:.1f} "
-            f"| {off.cpu_ms_per_item:.1f} / {on.cpu_ms_per_item:.1f} | {off.load_before:.2f} / {on.load_before:.2f} "
-            f"| {off.others_cores:.2f} / {on.others_cores:.2f} |"
+            f"| {name}{flag} | {n} | {med([c.items_per_s for c in offs]):.1f} | {med([c.items_per_s for c in ons]):.1f} "
+            f"| {spread([b.items_per_s / a.items_per_s for a, b in zip(offs, ons, strict=True)])} "
+            f"| {med(ceilings):.1f} ({'/'.join(map(str, sizes))}) "
+            f"| {spread([b.items_per_s / c for b, c in zip(ons, ceilings, strict=True)])} "
+            f"| {med([c.p50_latency_ms for c in offs]):.0f} / {med([c.p50_latency_ms for c in ons]):.0f} "
+            f"| {med([c.mean_batch for c in ons]):.1f} "
+            f"| {med([c.cpu_ms_per_item for c in offs]):.1f} / {med([c.cpu_ms_per_item for c in ons]):.1f} "
+            f"| {max(c.load_before for c in offs):.2f} / {max(c.load_before for c in ons):.2f} "
+            f"| {max(c.others_cores for c in offs):.2f} / {max(c.others_cores for c in ons):.2f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -349,6 +380,12 @@ def main() -> None:
     add("--backends", default="onnx,gguf", help="embeddings backends: onnx, int8, gguf, or default (what auto picks)")
     add("--clients", default="1,4,8,32", help="concurrent clients per cell, comma-separated (default: 1,4,8,32)")
     add("--texts", type=int, default=256, help="embedding requests per cell")
+    add(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of ceiling / off / on per client count, order rotating (default: 3)",
+    )
     add("--no-padding", action="store_true", help="skip the padding table")
     add("--no-ceiling", action="store_true", help="skip the table of what a batch gains inside the runtime")
     add("--speech", action="store_true", help="also measure faster-whisper tiny.en (whisper-tiny.en)")
@@ -366,11 +403,13 @@ def main() -> None:
     bench.quiet()  # refuse a busy machine before loading anything
     settings = ServerSettings(threads=args.threads, device=args.device)
 
-    from localserve.models.catalog import catalog_backend
+    from localserve.models.catalog import catalog_backend, catalog_variant
     from localserve.models.oneshot_embeddings import choose_embeddings_backend
 
     default = choose_embeddings_backend(resolve(DEFAULT_ID).path, catalog_backend(DEFAULT_ID)).backend
     default_key = KEY_OF[default]
+    if default_key == "onnx" and catalog_variant(DEFAULT_ID) == "int8":
+        default_key = "int8"  # the graph the default id runs on ONNX Runtime
     backends = {}
     for key in dict.fromkeys(default_key if b == "default" else KEY_OF[b] for b in args.backends.split(",")):
         model_id, label = EMBEDDING_IDS[key]
@@ -388,7 +427,7 @@ def main() -> None:
     )
     rows, padding = [], []
     for label, backend in backends.items():
-        rows += throughput_rows(bench, label, backend, tokens, embed_one, embed_config, clients)
+        rows += throughput_rows(bench, label, backend, tokens, embed_one, embed_config, clients, args.rounds)
         if not args.no_padding and not backend.padding_free:
             padding.append(padding_row(bench, label, backend, tokens, embed_one, embed_config))
     print("\n".join(THROUGHPUT_HEADER + rows))
@@ -405,7 +444,9 @@ def main() -> None:
             clips = speech_clips(args.clips, Path(tmp))
         asr_config = BatcherConfig(**BATCHING[TRANSCRIPTION])  # type: ignore[arg-type]
         label = f"faster-whisper tiny.en ({whisper.info().device})"
-        asr_rows = throughput_rows(bench, label, whisper, clips, transcribe_one(whisper), asr_config, clients)
+        asr_rows = throughput_rows(
+            bench, label, whisper, clips, transcribe_one(whisper), asr_config, clients, args.rounds
+        )
         print(f"\nspeech: {args.clips} transcriptions per cell (espeak-ng clips of 1-12 s); items/s = requests/s")
         print("\n".join(THROUGHPUT_HEADER + asr_rows))
         if not args.no_padding:

@@ -7,7 +7,8 @@ after round; the table gives each one's median items/s and the median of its
 per-round ratio to the first configuration, with the 1-minute load average
 before each round. A configuration is GRAPH or GRAPH@SETTINGS, GRAPH one of
 bert_onnx's variants (plain, fused, int8) or a path to an .onnx file, SETTINGS
-`+`-joined of spin:0|1, arena:0|1, mem_pattern:0|1, threads:N.
+`+`-joined of spin:0|1, stop:0|1 (session.force_spinning_stop), arena:0|1,
+mem_pattern:0|1, threads:N.
 
     .venv/bin/python bench/onnx_settings.py --configs fused,fused@spin:0,fused@arena:0,fused@mem_pattern:0
     .venv/bin/python bench/onnx_settings.py --configs fused,plain,int8
@@ -42,6 +43,8 @@ for item in filter(None, settings.split("+")):
         options.enable_mem_pattern = value == "1"
     elif key == "threads":
         options.intra_op_num_threads = int(value)
+    elif key == "stop":
+        options.add_session_config_entry("session.force_spinning_stop", value)
 session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 names = {i.name for i in session.get_inputs()}
 rng, rates = np.random.default_rng(0), {}
