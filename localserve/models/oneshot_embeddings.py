@@ -125,14 +125,31 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
     if missing:  # before a conversion that would need `onnx`
         raise ModuleNotFoundError(missing)
     if path.is_dir():
-        from localserve.models.catalog import catalog_variant
         from localserve.models.convert.bert_onnx import cached_onnx
         from localserve.models.convert.cache import log_progress
 
-        variant = catalog_variant(model_id) or "fused"
+        variant = onnx_variant(model_id, settings.device or "auto")
         path = cached_onnx(path, model_id, variant=variant, progress=log_progress(model_id, f"ONNX ({variant})"))
     config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
     return OnnxEmbeddingBackend(config), path
+
+
+def onnx_variant(model_id: str, device: str) -> str:
+    """The graph an ONNX Runtime embeddings id runs: its catalog variant, else
+    `fused`. The int8 graph was chosen for `auto` ids by measurement on CPU
+    only; where ONNX Runtime would run on a GPU provider, an `auto` id takes
+    float32 `fused` (an id that names int8 keeps it)."""
+    from localserve.models.catalog import catalog_backend, catalog_variant
+
+    variant = catalog_variant(model_id) or "fused"
+    if variant == "int8" and catalog_backend(model_id) == "auto":
+        import onnxruntime as ort
+
+        from localserve.backends.onnx.providers import CPU_PROVIDER, session_providers
+
+        if session_providers(device, ort.get_available_providers())[0] != CPU_PROVIDER:
+            return "fused"
+    return variant
 
 
 def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple[OneShotBackend, Path]:  # type: ignore[type-arg]

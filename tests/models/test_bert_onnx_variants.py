@@ -160,6 +160,20 @@ def test_each_catalog_id_opens_its_variant(source: Path, store: Path, model_id: 
         backend.close()
 
 
+def test_the_default_id_takes_int8_on_cpu_and_float32_on_a_gpu_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    from localserve.models.oneshot_embeddings import onnx_variant
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert onnx_variant("all-minilm-l6-v2", "auto") == "int8"
+    assert onnx_variant("all-minilm-l6-v2-onnx", "auto") == "fused"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert onnx_variant("all-minilm-l6-v2", "auto") == "fused"  # int8 was measured on CPU only
+    assert onnx_variant("all-minilm-l6-v2", "cpu") == "int8"
+    assert onnx_variant("all-minilm-l6-v2-onnx-int8", "auto") == "int8"  # the id names it
+
+
 def test_the_convert_command_writes_the_graph_asked_for(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from localserve.cli.main import main
 
