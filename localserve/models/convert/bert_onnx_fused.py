@@ -69,30 +69,46 @@ class FusedGraph(Graph):
         return x, mask_index
 
     def layer(self, x: str, mask_index: str, p: str, num_heads: int, head_dim: int, eps: float) -> str:
-        a = f"{p}.attention.self"
-        qkv_weight = np.concatenate([self.w[f"{a}.{n}.weight"].T for n in ("query", "key", "value")], axis=1)
-        qkv_bias = np.concatenate([self.w[f"{a}.{n}.bias"] for n in ("query", "key", "value")])
+        context = self.attention(x, mask_index, f"{p}.attention.self", num_heads, head_dim)
+        x = self.skip_norm(context, x, f"{p}.attention.output.dense", f"{p}.attention.output.LayerNorm", eps)
+        (gelu,) = self.ms(
+            "BiasGelu",
+            [self.project(x, f"{p}.intermediate.dense"), self.weight(f"{p}.intermediate.dense.bias")],
+        )
+        return self.skip_norm(gelu, x, f"{p}.output.dense", f"{p}.output.LayerNorm", eps)
+
+    def qkv(self, a: str) -> tuple[np.ndarray, np.ndarray]:
+        """The query, key and value projections of attention block `a` as one
+        [hidden, 3 * hidden] weight and its bias."""
+        weight = np.concatenate([self.w[f"{a}.{n}.weight"].T for n in ("query", "key", "value")], axis=1)
+        bias = np.concatenate([self.w[f"{a}.{n}.bias"] for n in ("query", "key", "value")])
+        return weight.astype(np.float32), bias.astype(np.float32)
+
+    def attention(self, x: str, mask_index: str, a: str, num_heads: int, head_dim: int) -> str:
+        """Self-attention's context (before the output projection): one Attention node."""
+        weight, bias = self.qkv(a)
         (context,) = self.ms(
             "Attention",
-            [
-                x,
-                self.const(f"{a}.qkv.weight", qkv_weight.astype(np.float32)),
-                self.const(f"{a}.qkv.bias", qkv_bias.astype(np.float32)),
-                mask_index,
-            ],
+            [x, self.const(f"{a}.qkv.weight", weight), self.const(f"{a}.qkv.bias", bias), mask_index],
             num_heads=num_heads,
         )
-        x = self.skip_norm(context, x, f"{p}.attention.output.dense", f"{p}.attention.output.LayerNorm", eps)
-        hidden = self.op("MatMul", [x, self.weight(f"{p}.intermediate.dense.weight", True)])
-        (gelu,) = self.ms("BiasGelu", [hidden, self.weight(f"{p}.intermediate.dense.bias")])
-        return self.skip_norm(gelu, x, f"{p}.output.dense", f"{p}.output.LayerNorm", eps)
+        return context
+
+    def project(self, x: str, dense: str) -> str:
+        """`x @ W` of the dense layer `dense` (its bias goes into the next fused node)."""
+        return self.op("MatMul", [x, self.weight(f"{dense}.weight", True)])
 
     def skip_norm(self, h: str, skip: str, dense: str, norm: str, eps: float) -> str:
         """LayerNorm(skip + h @ W + b): the dense layer's bias goes into the norm node."""
-        projected = self.op("MatMul", [h, self.weight(f"{dense}.weight", True)])
         (out,) = self.ms(
             "SkipLayerNormalization",
-            [projected, skip, self.weight(f"{norm}.weight"), self.weight(f"{norm}.bias"), self.weight(f"{dense}.bias")],
+            [
+                self.project(h, dense),
+                skip,
+                self.weight(f"{norm}.weight"),
+                self.weight(f"{norm}.bias"),
+                self.weight(f"{dense}.bias"),
+            ],
             epsilon=eps,
         )
         return out

@@ -87,30 +87,18 @@ class RowInt8Graph(FusedGraph):
         y = self.op("Sub", [y, self.op("Mul", [zero_point, self.const(f"{name}.colsum", colsum)])])
         return self.op("Mul", [y, scale])
 
-    def layer(self, x: str, mask_index: str, p: str, num_heads: int, head_dim: int, eps: float) -> str:
-        a = f"{p}.attention.self"
-        qkv_weight = np.concatenate([self.w[f"{a}.{n}.weight"].T for n in ("query", "key", "value")], axis=1)
-        qkv_bias = np.concatenate([self.w[f"{a}.{n}.bias"] for n in ("query", "key", "value")])
-        qkv = self.qmatmul(x, qkv_weight, f"{a}.qkv")
+    def attention(self, x: str, mask_index: str, a: str, num_heads: int, head_dim: int) -> str:
+        """Q, K and V projected in int8, then MultiHeadAttention (the fused
+        Attention node takes float weights and projects them itself)."""
+        weight, bias = self.qkv(a)
+        qkv = self.qmatmul(x, weight, f"{a}.qkv")
         sizes = self.const(self._name("qkv_split"), np.array([num_heads * head_dim] * 3, np.int64))
         q, k, v = (self._name("split") for _ in range(3))
         self.nodes.append(self.h.make_node("Split", [qkv, sizes], [q, k, v], name=q, axis=-1))
         (context,) = self.ms(
-            "MultiHeadAttention",
-            [q, k, v, self.const(f"{a}.qkv.bias", qkv_bias.astype(np.float32)), mask_index],
-            num_heads=num_heads,
+            "MultiHeadAttention", [q, k, v, self.const(f"{a}.qkv.bias", bias), mask_index], num_heads=num_heads
         )
-        x = self.skip_norm(context, x, f"{p}.attention.output.dense", f"{p}.attention.output.LayerNorm", eps)
-        up = self.qmatmul(x, self.w[f"{p}.intermediate.dense.weight"].T, f"{p}.intermediate.dense")
-        (gelu,) = self.ms("BiasGelu", [up, self.weight(f"{p}.intermediate.dense.bias")])
-        return self.skip_norm(gelu, x, f"{p}.output.dense", f"{p}.output.LayerNorm", eps)
+        return context
 
-    def skip_norm(self, h: str, skip: str, dense: str, norm: str, eps: float) -> str:
-        """LayerNorm(skip + h @ W + b), the projection in int8."""
-        projected = self.qmatmul(h, self.w[f"{dense}.weight"].T, dense)
-        (out,) = self.ms(
-            "SkipLayerNormalization",
-            [projected, skip, self.weight(f"{norm}.weight"), self.weight(f"{norm}.bias"), self.weight(f"{dense}.bias")],
-            epsilon=eps,
-        )
-        return out
+    def project(self, x: str, dense: str) -> str:
+        return self.qmatmul(x, self.w[f"{dense}.weight"].T, dense)
