@@ -65,6 +65,7 @@ class ServerSettings:
     batch_max_lines: int = 50_000  # requests in one batch input file (OpenAI's limit)
     batch_max_file_bytes: int = 200 * 1024 * 1024  # largest uploaded file (OpenAI's limit)
     batch_concurrency: int = 0  # batch requests in flight per model; 0 = the model's slots
+    batch_disk_timeout_s: float = 3600.0  # a batch paused this long on a full or read-only disk fails, saying why
     max_loaded_models: str = "3"  # per kind: "N", or "chat=N,embeddings=N,asr=N"; 0 = no limit (models/policy.py)
     keep_alive: str = ""  # idle time before unloading ("5m", "30s", 0, -1); "" = 5m on demand, start-up models stay
 

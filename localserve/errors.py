@@ -161,6 +161,15 @@ class ChecksumMismatchError(PullError):
     code = "checksum_mismatch"
 
 
+class InsufficientStorageError(LocalServeError):
+    """The disk is full (or read-only) where the request must write: an upload,
+    a pull, a conversion (disk.py names the folder and the space free)."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_storage"
+
+
 class JobStoreBusyError(LocalServeError):
     """Another localserve process runs the batch jobs of this data directory."""
 

@@ -5,7 +5,8 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
 * `GET  models`, `GET models/{id}`, `POST chat/completions`, `POST completions`
 * `GET  /health` - 503 `{"status": "loading"}` until the start-up models are
   loaded, then 200 `{"status": "ok"}` (with `"not_loaded": {name: why}` for
-  start-up models beyond `--max-loaded-models`, which load on first request);
+  start-up models beyond `--max-loaded-models`, which load on first request,
+  and `"disk": {...}` when the data directory is read-only or low on space);
   503 `{"status": "error"}` if one failed (`localserve serve` exits instead:
   see `server.py`)
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
@@ -27,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.admin import debug, metrics, openapi
+from localserve.api.admin import debug, disk_watch, metrics, openapi
 from localserve.api.admin import models as models_admin
 from localserve.api.admin.stats import register_stats_routes
 from localserve.api.anthropic import messages
@@ -99,6 +100,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
         Route("POST", "/api/v1/requests/{request_id}/cancel", cancel_request),
         Route("GET", "/health", health, response=Health),
     )
+    disk_watch.register(app)  # the data directory's free space and writability (/health, /metrics, stats)
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
     models_admin.register(app)  # /api/v1/pull, /api/v1/load, /api/v1/loaded, DELETE models/{id}, Ollama's pull/rm/cp
     embeddings.register(app)  # /v1/embeddings
@@ -152,9 +154,13 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "loading"}, status=503)
     if registry.load_errors:
         return web.json_response({"status": "error", "errors": registry.load_errors}, status=503)
+    body: dict[str, Any] = {"status": "ok"}
     if registry.not_loaded:  # start-up models beyond --max-loaded-models: they load on first request
-        return web.json_response({"status": "ok", "not_loaded": registry.not_loaded})
-    return web.json_response({"status": "ok"})
+        body["not_loaded"] = registry.not_loaded
+    disk = request.app[disk_watch.DISK_WATCH].health()
+    if disk is not None:  # read-only, or under the low-space threshold: serving goes on, and says so
+        body["disk"] = disk
+    return web.json_response(body)
 
 
 def _model_object(model_id: str, loaded: LoadedModel, request: web.Request) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class OllamaError(_Doc):
 class Health(_Doc):
     status: Literal["ok", "loading", "error"]
     not_loaded: dict[str, str] | None = None  # start-up models beyond --max-loaded-models -> why
+    disk: dict[str, Any] | None = None  # the data directory, when read-only or low on space
 
 
 class ModelObject(_Doc):

@@ -12,6 +12,7 @@ maps, once for every dialect:
   part headers, a `Content-Encoding` that does not decode, ...) -> 400, and
   the connection closes after the answer (the rest of the body is unread);
 * a body that stops arriving (`body_timeout_middleware`) -> 408, same;
+* a full or read-only disk (`ENOSPC`, SQLite's "disk is full", `EROFS`) -> 507;
 * anything else -> 500, logged with its traceback; the server goes on.
 
 The answer is OpenAI's envelope, or on a dialect's own routes the shape that
@@ -40,6 +41,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from localserve.api.state import SETTINGS
+from localserve.disk import is_storage_error, storage_error
 from localserve.errors import (
     AuthenticationError,
     BodyReadError,
@@ -137,6 +139,9 @@ def as_error(exc: Exception, request: web.Request) -> LocalServeError:
         return InvalidRequestError(f"The request body is malformed: {exc.message}")
     if isinstance(exc, web.RequestPayloadError):  # the body itself did not decode (gzip that is not gzip, ...)
         return body_read_error(exc)
+    if is_storage_error(exc):  # a full or read-only disk under a write no handler named: 507, not a bug
+        log.warning("%s %s: %s", request.method, request.path, exc)
+        return storage_error(exc, request.app[SETTINGS].data_path(), "handling the request")
     log.error("unexpected error in %s %s", request.method, request.path, exc_info=exc)
     return LocalServeError("The server had an unexpected error while processing your request.")
 

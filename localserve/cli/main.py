@@ -23,6 +23,7 @@ from typing import Any
 from localserve import __version__
 from localserve.cli.batch import add_batch_command
 from localserve.cli.bench import add_bench_command
+from localserve.cli.cache import add_cache_command
 from localserve.cli.convert import add_convert_command
 from localserve.cli.devices import add_devices_command
 from localserve.cli.export import add_export_command
@@ -132,6 +133,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     add_bench_command,
     add_batch_command,
     add_devices_command,
+    add_cache_command,
 ]
 
 

@@ -288,6 +288,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "at most 4G",
         "SIZE",
     ),
+    Option(
+        "--batch-disk-timeout",
+        "batch_disk_timeout_s",
+        non_negative,
+        "seconds a batch waits for a full or read-only data disk to take its results again (it pauses and "
+        "retries meanwhile) before it fails with an error file saying why",
+        "S",
+    ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",

@@ -25,6 +25,14 @@ with one warning and reads as a miss; it never reaches the backend. Writes
 go to a temporary name and are renamed into place, so several processes on
 one home never see half a file; the size bound (least recently used first,
 by mtime, which a hit renews) is kept under an flock of ``ROOT/.lock``.
+
+The disk is not the tier's alone (disk.py's `WriteGate`, on the writer
+thread, never the step thread): a save that would leave less than the floor
+free (the larger of 1 GiB and 5% of the disk) first evicts the least
+recently used files, and is dropped if that is not enough. A full or
+read-only disk (`ENOSPC`, `EROFS`) pauses writing with one warning and tries
+again later; restores from the files present go on, and so does serving.
+A home that cannot be written at all starts the tier paused, never failing.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from localserve.disk import WriteGate, is_storage_error
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +93,16 @@ class DiskPrefixStore:
     """One model's files under `root` (shared by every model and process on
     this home), within `max_bytes` for the whole root."""
 
-    def __init__(self, root: Path, identity: str, max_bytes: int) -> None:
+    def __init__(self, root: Path, identity: str, max_bytes: int, *, floor_bytes: int | None = None) -> None:
         self.identity = identity
         self.root = root
         self.dir = root / hashlib.sha256(identity.encode()).hexdigest()[:24]
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.gate = WriteGate(root, "prefix cache", floor=floor_bytes)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only home: restore what is there, write nothing for now
+            self.gate.failed(exc)
         self.stats = DiskTierStats()
         self._lock = threading.Lock()
         self._index: dict[str, int] = {}  # chain hash -> tokens, files of this model present on disk
@@ -192,31 +206,61 @@ class DiskPrefixStore:
             try:
                 if item is None:
                     return
+                if not self._room_for(_HEADER.size + 4 * len(item[1]) + len(item[2])):
+                    self.stats.num_dropped += 1
+                    continue
                 self._write(*item)
-            except OSError as exc:  # a full or read-only disk: the cache forgets, serving goes on
-                log.warning("prefix cache: could not write to %s: %s", self.dir, exc)
+            except OSError as exc:
+                self.stats.num_dropped += 1
+                if not is_storage_error(exc):
+                    log.warning("prefix cache: could not write to %s: %s", self.dir, exc)
+                    continue
+                self.gate.failed(exc)  # a full or read-only disk: the cache forgets, serving goes on
+                with contextlib.suppress(OSError):
+                    self._evict(self.gate.shortfall(0, fresh=True))
             finally:
                 self._queue.task_done()
 
+    def _room_for(self, num_bytes: int) -> bool:
+        """Writing `num_bytes` keeps the floor free (evicting old files first if
+        needed); False while writing is paused or where eviction cannot make room."""
+        if not self.gate.is_open():
+            return False
+        shortfall = self.gate.shortfall(num_bytes)
+        if shortfall:
+            self._evict(shortfall)
+            if self.gate.shortfall(num_bytes, fresh=True):
+                self.gate.hold_for_floor()
+                return False
+        return True
+
     def _write(self, key: str, token_ids: tuple[int, ...], payload: bytes) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)  # gone (a `localserve cache prune`) or never made (read-only)
         tokens = array.array("i", token_ids).tobytes()
         crc = zlib.crc32(payload, zlib.crc32(tokens))
         header = _HEADER.pack(MAGIC, VERSION, key.encode(), len(token_ids), len(payload), crc)
         path = self.dir / f"{key}.kv"
         tmp = self.dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with tmp.open("wb") as file:
-            file.write(header)
-            file.write(tokens)
-            file.write(payload)
-        tmp.replace(path)
+        try:
+            with tmp.open("wb") as file:
+                file.write(header)
+                file.write(tokens)
+                file.write(payload)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # no half file takes the space
+            raise
         with self._lock:
             self._index[key] = len(token_ids)
         self.stats.num_saves += 1
-        self.stats.bytes_written += len(header) + len(tokens) + len(payload)
+        num_bytes = len(header) + len(tokens) + len(payload)
+        self.stats.bytes_written += num_bytes
+        self.gate.wrote(num_bytes)
         self._evict()
 
-    def _evict(self) -> None:
-        """Delete the least recently used files of every model until the root fits."""
+    def _evict(self, free_bytes: int = 0) -> None:
+        """Delete the least recently used files of every model until the root
+        fits its bound and at least `free_bytes` more are free."""
         with (self.root / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             files = []
@@ -225,12 +269,16 @@ class DiskPrefixStore:
                     st = path.stat()
                     files.append((st.st_mtime, st.st_size, path))
             total = sum(size for _, size, _ in files)
+            if free_bytes > total:  # all of it would not make the room: keep the cache
+                free_bytes = 0
+            freed = 0
             for _, size, path in sorted(files):
-                if total <= self.max_bytes:
+                if total <= self.max_bytes and freed >= free_bytes:
                     break
                 with contextlib.suppress(OSError):
                     path.unlink()
                     total -= size
+                    freed += size
                     if path.parent == self.dir:
                         self._forget(path.stem)
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from localserve.jobs.types import BatchRecord, new_id
+from localserve.jobs.types import BatchError, BatchRecord, BatchStatus, new_id
 
 EXPIRED = {
     "code": "batch_expired",
@@ -75,3 +75,22 @@ def _sync(f: TextIO) -> None:
     """On disk before the rename that publishes it."""
     f.flush()
     os.fsync(f.fileno())
+
+
+def publish_outputs(
+    store: Any,
+    batch: BatchRecord,
+    status: BatchStatus,
+    unfinished: dict[str, Any],
+    errors: list[BatchError] | None = None,
+) -> BatchRecord:
+    """Write `batch`'s output and error files and enter the final `status` with
+    them, in one commit (on the store's thread). If either fails (a full disk),
+    nothing is published and no temporary file is left: call again later."""
+    outputs = write_outputs(store, batch, unfinished)
+    try:
+        return store.finish_batch(batch.id, status, outputs, errors)
+    finally:
+        for output in outputs.values():  # moved into place when the commit succeeded
+            if output is not None:
+                output[0].unlink(missing_ok=True)

@@ -14,6 +14,11 @@ A line counts an attempt in the store before it runs and stores its answer
 when it ends, so a restart redoes only the lines that were running. A batch
 that is claimed by one task is left alone by the other.
 
+A full or read-only disk pauses the batch (jobs/storage_wait.py): finished
+answers wait in memory and are stored when the disk takes them again, no
+line is lost or run twice; past `storage_timeout_s` the batch fails with an
+error file that says why. Output files are published whole or not at all.
+
 While a batch runs, the runner holds its model (`hold_model`, a lease in the
 server): each line holds it too, but between two lines nothing would, and
 LRU eviction or a short keep_alive could unload it under the batch.
@@ -30,9 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from localserve.errors import LocalServeError
-from localserve.jobs.output import CANCELLED, EXPIRED, NOT_RUN, write_outputs
+from localserve.disk import is_storage_error
+from localserve.jobs.output import CANCELLED, EXPIRED, NOT_RUN, publish_outputs
+from localserve.jobs.storage_wait import StorageGaveUp, StorageWait
 from localserve.jobs.store import JobStore
-from localserve.jobs.types import BatchRecord, BatchStatus, LineRef, LineResult
+from localserve.jobs.types import BatchError, BatchRecord, BatchStatus, LineRef, LineResult
 from localserve.jobs.validate import Limits, read_bodies, validate_file
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,8 @@ class RunnerConfig:
     prefetch: int = 64  # line bodies read from the input file at a time
     retry_wait_s: float = 0.25  # first wait before resending a "not now" line
     max_retry_wait_s: float = 5.0
+    storage_retry_s: float = 5.0  # wait between tries of a write that met a full or read-only disk
+    storage_timeout_s: float = 3600.0  # a batch paused on the disk this long fails, with an error file saying why
 
 
 class BatchRunner:
@@ -83,6 +92,9 @@ class BatchRunner:
         self.executor = executor
         self.config = config or RunnerConfig()
         self.hold_model = hold_model
+        self.storage = StorageWait(
+            store, retry_s=self.config.storage_retry_s, timeout_s=self.config.storage_timeout_s
+        )
         self._housekeeping_due = asyncio.Event()
         self._execution_due = asyncio.Event()
         self._claimed: set[str] = set()
@@ -144,9 +156,13 @@ class BatchRunner:
                 await work()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("batch runner: %s failed; retrying", work.__name__)
-                await asyncio.sleep(1.0)
+            except Exception as exc:
+                if is_storage_error(exc):  # a full or read-only disk: wait it out, one warning
+                    self.storage.pause(exc)
+                    await asyncio.sleep(self.config.storage_retry_s)
+                else:
+                    log.exception("batch runner: %s failed; retrying", work.__name__)
+                    await asyncio.sleep(1.0)
             # asyncio.timeout, not wait_for: in 3.11 wait_for may swallow a
             # cancel (stop()) that comes as the event is set.
             with contextlib.suppress(TimeoutError):
@@ -194,9 +210,9 @@ class BatchRunner:
         path = self.store.blob_path(batch.input_file_id)
         result = await asyncio.to_thread(validate_file, path, batch.endpoint, self.config.limits)
         if result.ok:
-            updated = await self.store.call(self.store.start_batch, batch.id, result.lines, result.model)
+            updated = await self.storage.write(self.store.start_batch, batch.id, result.lines, result.model)
         else:
-            updated = await self.store.call(self.store.fail_validation, batch.id, result.errors)
+            updated = await self.storage.write(self.store.fail_validation, batch.id, result.errors)
         log.info(
             "batch %s: %s (%d lines, %d errors)", batch.id, updated.status.value, len(result.lines), result.num_errors
         )
@@ -214,10 +230,7 @@ class BatchRunner:
                 async with self.hold_model(batch.model):  # no eviction or keep_alive unload mid-batch
                     outcome = await self._run_lines(batch, stop)
                 if outcome is BatchStatus.COMPLETED:
-                    expect = (BatchStatus.IN_PROGRESS,)
-                    updated = await self.store.call(
-                        self.store.set_status, batch.id, BatchStatus.FINALIZING, expect=expect
-                    )
+                    updated = await self.storage.write(self._set_finalizing, batch.id)
                     self._update(updated)
                     if updated.status is BatchStatus.CANCELLING:  # cancelled as the last line ended
                         outcome = BatchStatus.CANCELLED
@@ -227,6 +240,9 @@ class BatchRunner:
         finally:
             del self._stops[batch.id]
             self._housekeeping_due.set()  # whatever this claim kept it from
+
+    def _set_finalizing(self, batch_id: str) -> BatchRecord:
+        return self.store.set_status(batch_id, BatchStatus.FINALIZING, expect=(BatchStatus.IN_PROGRESS,))
 
     async def _run_lines(self, batch: BatchRecord, stop: asyncio.Event) -> BatchStatus:
         for _ in range(MAX_PASSES):
@@ -272,6 +288,8 @@ class BatchRunner:
     def _stopped(self, batch: BatchRecord, stop: asyncio.Event) -> BatchStatus | None:
         if stop.is_set():
             return BatchStatus.CANCELLED
+        if self.storage.timed_out():
+            return BatchStatus.FAILED
         if self.store.now() >= batch.expires_at:
             return BatchStatus.EXPIRED
         return None
@@ -284,11 +302,13 @@ class BatchRunner:
         done, _ = await asyncio.wait({*in_flight, stop_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stop_waiter}:
             in_flight.discard(task)
+            if not task.cancelled() and isinstance(task.exception(), StorageGaveUp):
+                continue  # the disk stayed full: `_stopped` fails the batch
             if not task.cancelled() and task.exception() is not None:
                 log.error("batch %s: a line failed in the runner", batch.id, exc_info=task.exception())
 
     async def _run_line(self, batch: BatchRecord, ref: LineRef, body: dict[str, Any]) -> None:
-        await self.store.call(self.store.start_line, batch.id, ref.line_no)
+        await self.storage.write(self.store.start_line, batch.id, ref.line_no, give_up=True)
         wait_s = self.config.retry_wait_s
         while True:
             result = await self.executor.execute(batch.endpoint, body)
@@ -296,7 +316,9 @@ class BatchRunner:
                 break
             await asyncio.sleep(min(max(wait_s, result.retry_after_s), self.config.max_retry_wait_s))
             wait_s = min(wait_s * 2, self.config.max_retry_wait_s)
-        if await self.store.call(self.store.finish_line, batch.id, ref.line_no, result):
+        # The answer waits here while the disk is full: stored once, never lost (a line that already
+        # has a result is left as it is).
+        if await self.storage.write(self.store.finish_line, batch.id, ref.line_no, result, give_up=True):
             live = self._live.get(batch.id)
             if live is not None:
                 if result.status_code == 200:
@@ -305,11 +327,15 @@ class BatchRunner:
                     live.num_failed += 1
 
     async def _finalize(self, batch_id: str, status: BatchStatus) -> None:
-        """Write the output and error files and enter the final `status`."""
+        """Write the output and error files and enter the final `status` (tried
+        until the disk takes them: never half a file reported as complete)."""
         batch = await self.store.call(self.store.get_batch, batch_id)
         unfinished = {BatchStatus.CANCELLED: CANCELLED, BatchStatus.EXPIRED: EXPIRED}.get(status, NOT_RUN)
-        outputs = await self.store.call(write_outputs, self.store, batch, unfinished)
-        final = await self.store.call(self.store.finish_batch, batch_id, status, outputs)
+        errors = None
+        if status is BatchStatus.FAILED:  # the disk stayed full or read-only
+            unfinished = {"code": "insufficient_storage", "message": self.storage.why()}
+            errors = [BatchError("insufficient_storage", self.storage.why())]
+        final = await self.storage.write(publish_outputs, self.store, batch, status, unfinished, errors)
         log.info(
             "batch %s: %s (%d completed, %d failed of %d)",
             batch_id, status.value, final.num_completed, final.num_failed, final.num_total,

@@ -70,13 +70,24 @@ class JobStore:
         self.clock = clock
         self._lock = threading.RLock()
         self._db = sqlite3.connect(root / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        try:
+            self._open_schema()
+            self._remove_orphan_blobs()
+        except BaseException:  # e.g. a full disk: nothing stays open, the next try starts clean
+            self._db.close()
+            self._lock_file.close()
+            raise
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="localserve-jobs")
+
+    def _open_schema(self) -> None:
+        # Only what changes is written: an existing store opens on a full disk.
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="localserve-jobs")
-        self._remove_orphan_blobs()
+        if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` (a store method, or any function that
@@ -99,10 +110,11 @@ class JobStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")  # may fail too ("database or disk is full"): then nothing is kept
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -138,12 +150,19 @@ class JobStore:
             created_at=self.now(),
             expires_at=expires_at,
         )
-        with self._transaction() as db:
-            db.execute(
-                f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                (record.id, filename, purpose, record.num_bytes, record.created_at, expires_at),
-            )
-            os.replace(tmp, self.blob_path(record.id))  # before COMMIT: a crash leaves an orphan, never a hole
+        moved = False
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (record.id, filename, purpose, record.num_bytes, record.created_at, expires_at),
+                )
+                os.replace(tmp, self.blob_path(record.id))  # before COMMIT: a crash leaves an orphan, never a hole
+                moved = True
+        except BaseException:
+            if moved:  # the COMMIT failed (a full disk): no row, so no blob
+                self.blob_path(record.id).unlink(missing_ok=True)
+            raise
         return record
 
     def get_file(self, file_id: str) -> FileRecord:
@@ -371,25 +390,38 @@ class JobStore:
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def finish_batch(
-        self, batch_id: str, status: BatchStatus, outputs: dict[str, tuple[Path, str] | None]
+        self,
+        batch_id: str,
+        status: BatchStatus,
+        outputs: dict[str, tuple[Path, str] | None],
+        errors: Sequence[BatchError] | None = None,
     ) -> BatchRecord:
         """Final status, with the output and error files (`outputs["output"/"error"]`
-        = (finished temporary file, filename), or None) taken in atomically."""
+        = (finished temporary file, filename), or None) and `errors` (why it failed)
+        taken in atomically."""
         columns: dict[str, Any] = {}
         now = self.now()
-        with self._transaction() as db:
-            for kind, output in outputs.items():
-                if output is None:
-                    continue
-                tmp, filename = output
-                file_id = new_id("file-")
-                db.execute(
-                    f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
-                    (file_id, filename, "batch_output", tmp.stat().st_size, now),
-                )
-                os.replace(tmp, self.blob_path(file_id))
-                columns[f"{kind}_file_id"] = file_id
-            self._set_status(db, batch_id, status, (), columns)
+        try:
+            with self._transaction() as db:
+                for kind, output in outputs.items():
+                    if output is None:
+                        continue
+                    tmp, filename = output
+                    file_id = new_id("file-")
+                    db.execute(
+                        f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
+                        (file_id, filename, "batch_output", tmp.stat().st_size, now),
+                    )
+                    os.replace(tmp, self.blob_path(file_id))
+                    columns[f"{kind}_file_id"] = file_id
+                if errors is not None:
+                    columns["errors"] = json.dumps([e.to_openai() for e in errors])
+                self._set_status(db, batch_id, status, (), columns)
+        except BaseException:  # not committed (a full disk): the batch stays unfinished, its outputs are written again
+            for name, file_id in columns.items():
+                if name.endswith("_file_id"):
+                    self.blob_path(file_id).unlink(missing_ok=True)
+            raise
         return self.get_batch(batch_id)
 
 

@@ -76,10 +76,13 @@ class Snapshot:
     loading: tuple[str, ...] = ()
     load_errors: Mapping[str, str] = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # "backend: DEV,DEV" per backend that is installed
+    disk_free_bytes: int = -1  # free on the data directory's disk (-1: not reported)
+    disk_low: bool = False  # under the server's low-space threshold
+    disk_writable: bool = True
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
-        process = map_(data, "process")
+        process, disk = map_(data, "process"), map_(data, "disk")
         return cls(
             version=str_(data, "version"),
             uptime_s=num(data, "uptime_s"),
@@ -102,6 +105,9 @@ class Snapshot:
                 for d in list_(data, "devices")
                 if isinstance(d, Mapping) and d.get("available")
             ),
+            disk_free_bytes=int_(disk, "free_bytes") if "free_bytes" in disk else -1,
+            disk_low=bool(disk.get("low", False)),
+            disk_writable=bool(disk.get("writable", True)),
         )
 
     def by_class(self, key: str) -> dict[str, int]:

@@ -13,6 +13,8 @@ is copied on the hot path):
 * `localserve_kv_cache_used_tokens`, `localserve_kv_cache_capacity_tokens`,
   `localserve_last_batch_size` (sequences in the last step)
 * `localserve_model_load_seconds{kind}` for every loaded model
+* `localserve_disk_free_bytes`, `localserve_disk_total_bytes`: the data
+  directory's disk (`api.admin.disk_watch`, read every 30 s)
 * `localserve_time_to_first_token_seconds{priority}`,
   `localserve_queue_wait_seconds{priority}` and
   `localserve_inter_token_latency_seconds{priority}`: histograms by priority
@@ -41,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from localserve.api.admin.disk_watch import DISK_WATCH, DiskWatch
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.engine.prefix_disk import DiskTierStats
@@ -64,7 +67,7 @@ LATENCY_METRICS = {
 class Metrics:
     """The app's registry, its event metrics, and the scrape-time collector."""
 
-    def __init__(self, models: ModelRegistry) -> None:
+    def __init__(self, models: ModelRegistry, disk: DiskWatch | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "localserve_requests",
@@ -72,7 +75,7 @@ class Metrics:
             ["model", "endpoint", "status"],
             registry=self.registry,
         )
-        self.registry.register(ServerCollector(models))
+        self.registry.register(ServerCollector(models, disk))
 
 
 METRICS = web.AppKey("metrics", Metrics)
@@ -81,7 +84,7 @@ METRICS = web.AppKey("metrics", Metrics)
 def register(app: web.Application) -> None:
     """Add `/metrics` and the app's registry (`metrics_middleware` must be in
     the app's middlewares to count requests)."""
-    app[METRICS] = Metrics(app[REGISTRY])
+    app[METRICS] = Metrics(app[REGISTRY], app.get(DISK_WATCH))
     add_routes(app, Route("GET", "/metrics", scrape, media_types=("text/plain",)))
 
 
@@ -126,14 +129,27 @@ def _endpoint(request: web.Request) -> str:
 class ServerCollector(Collector):
     """Engine and one-shot batcher figures, read at each scrape."""
 
-    def __init__(self, models: ModelRegistry) -> None:
+    def __init__(self, models: ModelRegistry, disk: DiskWatch | None = None) -> None:
         self.models = models
+        self.disk = disk
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._disk()
         yield from self._generative(self.models.engine.stats())
         yield from self._latencies(self.models.engine.latency_histograms())
         yield from self._load_times()
         yield from self._oneshot(self.models.oneshot_stats())
+
+    def _disk(self) -> Iterator[Metric]:
+        if self.disk is None or self.disk.free_bytes < 0:
+            return
+        for name, text, value in (
+            ("free", "Bytes free on the data directory's disk", self.disk.free_bytes),
+            ("total", "Size of the data directory's disk in bytes", self.disk.total_bytes),
+        ):
+            family = GaugeMetricFamily(f"localserve_disk_{name}_bytes", text, labels=["model", "path"])
+            family.add_metric(["", str(self.disk.path)], value)
+            yield family
 
     def _generative(self, stats: Mapping[str, ModelSnapshot]) -> Iterator[Metric]:
         m = ["model"]

@@ -27,7 +27,8 @@ A snapshot::
                    "generated_tokens", "max_tokens", "age_s", "queue_wait_s", "ttft_s", "tokens_per_s"}],
      "one_shot": {model id or hook name: {"kind", ...the batcher's stats(), "keep_alive", "expires_in_s"}},
      "batches": [{"id", "status", "endpoint", "model", "request_counts": {"total", "completed", "failed"},
-                  "created_at"}]}
+                  "created_at"}],
+     "disk": {"data_dir", "free_bytes", "total_bytes", "writable", "low"} (the data directory's disk)}
 
 Priority classes are always all present: `interactive`, `default`, `batch`.
 Latencies are seconds over the last minute: `ttft` time to first token,
@@ -63,6 +64,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
+from localserve.api.admin.disk_watch import DISK_WATCH
 from localserve.api.admin.stats_json import batcher_json, model_json, request_json
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
@@ -198,6 +200,7 @@ def build_snapshot(app: web.Application) -> dict[str, Any]:
         },
         "batches": [_batch_entry(batch) for batch in _call_hook(state.batches, [])],
         "devices": state.devices(),
+        "disk": app[DISK_WATCH].snapshot() if DISK_WATCH in app else None,
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from localserve.api.hosting import app_models
 from localserve.api.leases import model_lease
 from localserve.api.state import SETTINGS
+from localserve.disk import is_storage_error, storage_error
 from localserve.errors import LocalServeError
 from localserve.jobs.runner import BatchRunner, RunnerConfig
 from localserve.jobs.store import JobStore
@@ -42,13 +44,21 @@ class BatchService:
         settings = self.app[SETTINGS]
         return Limits(max_lines=settings.batch_max_lines, max_bytes=settings.batch_max_file_bytes)
 
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(limits=self.limits(), storage_timeout_s=self.app[SETTINGS].batch_disk_timeout_s)
+
     async def open(self) -> tuple[JobStore, BatchRunner]:
         async with self._lock:
             if self.store is None or self.runner is None:
-                store = await asyncio.to_thread(JobStore, self.root)
+                try:
+                    store = await asyncio.to_thread(JobStore, self.root)
+                except (OSError, sqlite3.Error) as exc:  # a full or read-only disk: 507, and tried again next time
+                    if not is_storage_error(exc):
+                        raise
+                    raise storage_error(exc, self.root, "opening the batch job store") from None
                 executor = ServingLineExecutor(app_models(self.app), self.app[SETTINGS].batch_concurrency)
                 hold = functools.partial(model_lease, self.app)  # the batch's model stays loaded while it runs
-                runner = BatchRunner(store, executor, RunnerConfig(limits=self.limits()), hold_model=hold)
+                runner = BatchRunner(store, executor, self.runner_config(), hold_model=hold)
                 await runner.start()
                 self.store, self.runner = store, runner
                 log.info("batch jobs in %s", self.root)

@@ -7,13 +7,17 @@
 
 The bytes go to a temporary blob while they arrive (never all in memory) and
 are renamed into place once the upload is complete and within the size limit.
+A disk that fills (or is read-only) answers 507 and leaves no partial file or row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from aiohttp import BodyPartReader, web
 
@@ -22,8 +26,12 @@ from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.openai.batch_service import jobs_of
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import SETTINGS
+from localserve.disk import is_storage_error, storage_error
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
 from localserve.jobs.types import UPLOAD_PURPOSES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREFIXES = ("/v1", "/api/v1")
 MAX_FIELD_BYTES = 1024  # a form field other than the file
@@ -75,17 +83,30 @@ async def upload_file(request: web.Request) -> web.Response:
                     continue  # a nested multipart: not part of this API
                 if part.name == "file":
                     filename = Path(part.filename or "upload").name
-                    await _save(part, tmp, limit)
+                    await _stored(_save(part, tmp, limit), store.root, "storing the upload")
                 elif part.name:
                     fields[part.name] = await _field_text(part)
         if filename is None:
             raise InvalidRequestError("Missing required parameter: 'file'.", param="file")
         purpose = _purpose(fields.get("purpose"))
         expires_at = _expires_at(fields, store.now())
-        record = await store.call(store.add_file, tmp, filename, purpose, expires_at=expires_at)
+        adding = store.call(store.add_file, tmp, filename, purpose, expires_at=expires_at)
+        record = await _stored(adding, store.root, "recording the upload")
     finally:
         tmp.unlink(missing_ok=True)  # gone already unless something failed
     return web.json_response(record.to_openai())
+
+
+async def _stored(write: Awaitable[T], root: Path, what: str) -> T:
+    """`await write`; a full or read-only disk is a 507 that says so (the
+    caller removes the temporary file: no partial file or row is left)."""
+    try:
+        return await write
+    except (OSError, sqlite3.Error) as exc:
+        if not is_storage_error(exc):
+            raise
+        log.warning("upload not stored: %s", exc)
+        raise storage_error(exc, root, what) from None
 
 
 async def _save(part: BodyPartReader, tmp: Path, limit: int) -> int:

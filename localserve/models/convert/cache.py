@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from localserve.disk import check_room, storage_guard
 from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.caches import remove_superseded
 from localserve.models.convert.fingerprint import content_fingerprint
 
 CONVERTER_VERSION = 1
@@ -130,19 +132,27 @@ def store_target(model: SentenceTransformersModel, name: str, suffix: str) -> Pa
     return model_store() / folder / f"{folder}-{digest}-{suffix}"
 
 
-def write_atomically(target: Path, write: Callable[[Path], object]) -> Path:
+def write_atomically(target: Path, write: Callable[[Path], object], *, needed: int | None = None) -> Path:
     """Call `write(tmp)` on a temporary file beside `target`, then rename it
-    into place: readers never see a half-written model."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    into place: readers never see a half-written model. A disk that fills
+    (or is read-only) leaves no temporary file and raises a 507 naming the
+    space `needed` (when known, also checked before writing) and free; once
+    written, the conversions `target` supersedes are removed."""
+    what = f"writing {target.name}"
+    with storage_guard(target.parent, what, needed=needed):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if needed is not None:
+            check_room(target.parent, needed, what)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            write(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    remove_superseded(target)
     return target
 
 
@@ -175,7 +185,7 @@ def convert_bert_to_gguf(
                 writer.write_tensor_data(np.ascontiguousarray(weights.get_tensor(hf_name), dtype=dtype))
             writer.close()
 
-    write_atomically(target, write)
+    write_atomically(target, write, needed=model.weights.stat().st_size // (2 if out_type == "f16" else 1))
     if progress is not None:
         progress("done", num_tensors[0], num_tensors[0])
     return target

@@ -30,7 +30,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from localserve.disk import storage_guard
 from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.models.caches import remove_superseded
 from localserve.models.convert.fingerprint import content_fingerprint
 
 #: format -> (our exporter's version, the packages whose versions key the cache)
@@ -94,18 +96,22 @@ def export_model(
     if not todo:
         return targets
     report = _Stages(["tokenizer", "weights", *todo], progress)
-    store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{name}-export-", dir=store) as tmp:
-        work = Path(tmp)
-        hf_dir = _hf_folder(source, work / "hf", report)
-        if "onnx" in todo:
-            report("onnx")
-            _export_onnx(hf_dir, work / "onnx")
-        if "openvino" in todo:
-            report("openvino")
-            _export_openvino(hf_dir, work / "openvino", precision)
-        for fmt in todo:
-            _install(work / fmt, targets[fmt])
+    # A full disk: the temporary folder goes, and the error says how much was free.
+    with storage_guard(store, f"exporting {name}"):
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{name}-export-", dir=store) as tmp:
+            work = Path(tmp)
+            hf_dir = _hf_folder(source, work / "hf", report)
+            if "onnx" in todo:
+                report("onnx")
+                _export_onnx(hf_dir, work / "onnx")
+            if "openvino" in todo:
+                report("openvino")
+                _export_openvino(hf_dir, work / "openvino", precision)
+            for fmt in todo:
+                _install(work / fmt, targets[fmt])
+    for fmt in todo:
+        remove_superseded(targets[fmt])
     report("done")
     return targets
 

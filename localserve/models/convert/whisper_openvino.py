@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from localserve.disk import storage_guard
 from localserve.errors import LocalServeError
+from localserve.models.caches import remove_superseded
 from localserve.models.convert.cache import Progress
 from localserve.models.convert.whisper import Ct2Whisper, openai_state_dict, read_ctranslate2, store_target
 
@@ -94,18 +96,20 @@ def cached_openvino(source: Path, name: str, *, force: bool = False, progress: P
     report = progress or (lambda stage, done, total: None)
     report(STAGES[0], 0, 3)
     model = read_ctranslate2(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
-    try:
-        report(STAGES[1], 1, 3)
-        write_transformers_folder(model, work / "hf")
-        report(STAGES[2], 2, 3)
-        _export(work / "hf", work / "ir")
-        if target.exists():
-            shutil.rmtree(target)
-        (work / "ir").rename(target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with storage_guard(target.parent, f"converting {name} to OpenVINO"):  # the work folder goes either way
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
+        try:
+            report(STAGES[1], 1, 3)
+            write_transformers_folder(model, work / "hf")
+            report(STAGES[2], 2, 3)
+            _export(work / "hf", work / "ir")
+            if target.exists():
+                shutil.rmtree(target)
+            (work / "ir").rename(target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    remove_superseded(target)
     report(STAGES[3], 3, 3)
     return target
 

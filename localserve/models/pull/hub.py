@@ -22,13 +22,13 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localserve.disk import check_room, is_storage_error, storage_error, storage_guard
 from localserve.errors import ChecksumMismatchError, InvalidRequestError, ModelNotFoundError, PullError
 from localserve.models.catalog import CatalogEntry, HubSource, hub_files, load_catalog, parse_hub_uri
 from localserve.models.names import gguf_models, pick_gguf, split_tag, validate_model_id
@@ -230,10 +230,28 @@ def _choose(plan: PullPlan, listing: dict[str, dict[str, Any]]) -> list[str]:
 
 def _check_disk_space(needed: int) -> None:
     cache = hf_cache.hub_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    if needed > free:
-        raise PullError(f"not enough disk space in {cache}: needs {needed:,} bytes, {free:,} free")
+    with storage_guard(cache, "making the Hugging Face cache"):
+        cache.mkdir(parents=True, exist_ok=True)
+    check_room(cache, needed, "this pull")
+
+
+def _disk_failure(exc: BaseException) -> BaseException | None:
+    """The full or read-only disk behind `exc` (huggingface_hub wraps it), if that is what failed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if is_storage_error(cause):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _remove_partials(repo: str) -> None:
+    """huggingface_hub's `.incomplete` downloads of `repo`: a pull stopped by a
+    full disk leaves none behind (a dropped connection keeps them, to resume)."""
+    for partial in (hf_cache.repo_folder(repo) / "blobs").glob("*.incomplete"):
+        partial.unlink(missing_ok=True)
 
 
 def _download(plan: PullPlan, name: str, meter: Meter) -> Path:
@@ -256,6 +274,11 @@ def _download(plan: PullPlan, name: str, meter: Meter) -> Path:
         except PullCancelled:
             raise
         except Exception as exc:
+            full = _disk_failure(exc)
+            if full is not None:
+                _remove_partials(plan.repo)
+                what = f"pulling {plan.repo}/{name}"
+                raise storage_error(full, hf_cache.hub_cache_dir(), what, needed=meter.base.total or None) from None
             error = hub_error(exc, f"{plan.repo}/{name}", hub_endpoint())
             if meter.completed <= before or attempt == MAX_TRIES - 1 or _is_http_error(exc):
                 raise error from None

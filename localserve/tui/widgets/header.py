@@ -109,6 +109,11 @@ class ServerHeader(Widget):
             parts.append(Text(f"CPU {snap.process.cpu_percent:.0f}%  RSS {fmt_bytes(snap.process.rss_bytes)}"))
             if snap.devices:
                 parts.append(Text(f"devices {'  '.join(snap.devices)}", style="dim"))
+            if not snap.disk_writable:
+                parts.append(Text("disk READ-ONLY", style="bold reverse red"))
+            elif snap.disk_free_bytes >= 0:
+                style = "bold reverse yellow" if snap.disk_low else ""
+                parts.append(Text(f"disk {fmt_bytes(snap.disk_free_bytes)} free", style=style))
         return parts
 
     def render(self) -> Text:
