@@ -6,7 +6,7 @@ Routes (every OpenAI route under both `/v1` and `/api/v1`):
 * `GET  /health` - 503 `{"status": "loading"}` until the start-up models are
   loaded, then 200 `{"status": "ok"}` (with `"not_loaded": {name: why}` for
   start-up models beyond `--max-loaded-models`, which load on first request,
-  and `"disk": {...}` when the data directory is read-only or low on space);
+  and `"disk": {"writable": false, ...}` when the data directory is read-only);
   503 `{"status": "error"}` if one failed (`localserve serve` exits instead:
   see `server.py`)
 * `POST /api/v1/requests/{id}/cancel` - stop a running request (the id is the
@@ -158,7 +158,7 @@ async def health(request: web.Request) -> web.Response:
     if registry.not_loaded:  # start-up models beyond --max-loaded-models: they load on first request
         body["not_loaded"] = registry.not_loaded
     disk = request.app[disk_watch.DISK_WATCH].health()
-    if disk is not None:  # read-only, or under the low-space threshold: serving goes on, and says so
+    if disk is not None:  # a read-only data directory: serving goes on, and says so
         body["disk"] = disk
     return web.json_response(body)
 

@@ -37,7 +37,7 @@ class OllamaError(_Doc):
 class Health(_Doc):
     status: Literal["ok", "loading", "error"]
     not_loaded: dict[str, str] | None = None  # start-up models beyond --max-loaded-models -> why
-    disk: dict[str, Any] | None = None  # the data directory, when read-only or low on space
+    disk: dict[str, Any] | None = None  # the data directory, when it is read-only
 
 
 class ModelObject(_Doc):

@@ -59,10 +59,7 @@ def cmd_cache(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print_listing(report, out)
         return 0
     older_than_s = args.older_than * DAY_S if args.older_than is not None else None
-    if args.dry_run:
-        doomed = prunable(report, older_than_s=older_than_s)
-    else:
-        doomed = prune(report, older_than_s=older_than_s)
+    doomed = (prunable if args.dry_run else prune)(report, older_than_s=older_than_s)
     verb = "would remove" if args.dry_run else "removed"
     for entry in doomed:
         why = "superseded" if entry.superseded else entry.kind if entry.kind == "partial" else "unused"

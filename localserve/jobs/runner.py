@@ -34,8 +34,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from localserve.errors import LocalServeError
 from localserve.disk import is_storage_error
+from localserve.errors import LocalServeError
 from localserve.jobs.output import CANCELLED, EXPIRED, NOT_RUN, publish_outputs
 from localserve.jobs.storage_wait import StorageGaveUp, StorageWait
 from localserve.jobs.store import JobStore
@@ -92,9 +92,7 @@ class BatchRunner:
         self.executor = executor
         self.config = config or RunnerConfig()
         self.hold_model = hold_model
-        self.storage = StorageWait(
-            store, retry_s=self.config.storage_retry_s, timeout_s=self.config.storage_timeout_s
-        )
+        self.storage = StorageWait(store, retry_s=self.config.storage_retry_s, timeout_s=self.config.storage_timeout_s)
         self._housekeeping_due = asyncio.Event()
         self._execution_due = asyncio.Event()
         self._claimed: set[str] = set()

@@ -90,14 +90,12 @@ def survey(roots: dict[str, Path] | None = None) -> CacheReport:
     report = CacheReport(roots)
     report.entries += _store_entries(roots["conversions"])
     report.entries += [_entry("prefix", p) for p in _children(roots["prefix"]) if p.is_dir()]
-    report.entries += [_entry("wheels", p) for p in _children(roots["wheels"]) if p.suffix == ".whl"]
+    report.entries += [_entry("wheels", p) for p in _children(roots["wheels"]) if not p.name.startswith(".")]
     report.entries += [_entry("pulls", p) for p in _children(roots["pulls"]) if p.name.startswith("models--")]
     return report
 
 
-def prunable(
-    report: CacheReport, *, older_than_s: float | None = None, now: float | None = None
-) -> list[CacheEntry]:
+def prunable(report: CacheReport, *, older_than_s: float | None = None, now: float | None = None) -> list[CacheEntry]:
     """Superseded conversions and exports, partial leftovers older than an
     hour, and (with `older_than_s`) whatever of localserve's own was not used
     for that long."""
@@ -120,15 +118,15 @@ def remove_superseded(target: Path) -> list[Path]:
     """After `target` (a conversion or export in the model store) was written:
     remove the entries of its name and format under an older key."""
     match = _KEYED.match(target.name)
-    if match is None or not target.parent.name == match["folder"]:
+    if match is None or target.parent.name != match["folder"]:
         return []
     removed = []
     for sibling in _children(target.parent):
         other = _KEYED.match(sibling.name)
-        if sibling != target and other and other["suffix"] == match["suffix"] and other["folder"] == match["folder"]:
-            if _remove(sibling):
-                log.info("removed %s: superseded by %s", sibling, target.name)
-                removed.append(sibling)
+        same_group = other is not None and (other["folder"], other["suffix"]) == (match["folder"], match["suffix"])
+        if sibling != target and same_group and _remove(sibling):
+            log.info("removed %s: superseded by %s", sibling, target.name)
+            removed.append(sibling)
     return removed
 
 
@@ -182,28 +180,30 @@ def _entry(kind: str, path: Path) -> CacheEntry:
 
 
 def _size_and_mtime(path: Path) -> tuple[int, float]:
-    """Bytes on disk (links followed once, each file counted once) and the newest mtime."""
+    """Bytes of the files (links followed, each file counted once) and the
+    newest mtime of the files and folders (what was written or used last)."""
     seen: set[tuple[int, int]] = set()
     total, newest = 0, 0.0
-    for file in _walk(path):
+    for item, is_file in _walk(path):
         try:
-            st = file.stat()
+            st = item.stat()
         except OSError:
             continue
         newest = max(newest, st.st_mtime)
-        if (st.st_dev, st.st_ino) not in seen:
+        if is_file and (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
             total += st.st_size
     return total, newest
 
 
-def _walk(path: Path) -> Iterator[Path]:
+def _walk(path: Path) -> Iterator[tuple[Path, bool]]:
+    """`path` and everything under it, each with whether it is a file."""
     if not path.is_dir() or path.is_symlink():
-        yield path
+        yield path, True
         return
-    yield path
-    for root, _, files in os.walk(path):
-        yield from (Path(root) / name for name in files)
+    for root, _folders, files in os.walk(path):
+        yield Path(root), False
+        yield from ((Path(root) / name, True) for name in files)
 
 
 def _remove(path: Path) -> bool:

@@ -32,7 +32,7 @@ def make(path: Path, size: int, age_s: float, *, folder: bool = False, complete:
         (path / "model.onnx").write_bytes(bytes(size))
         if complete:
             (path / ".complete").write_text("ok\n")
-        stamped = [path / "model.onnx", *([path / ".complete"] if complete else [])]
+        stamped = [path / "model.onnx", *([path / ".complete"] if complete else []), path]
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(bytes(size))
@@ -56,7 +56,8 @@ def store(home: Path) -> Path:
     make(m / "mini-eeeeeeeeeeee-onnx-fp32", 6000, 2 * DAY, folder=True)
     make(m / "mini-ffffffffffff-openvino-fp32", 7000, 3 * DAY, folder=True, complete=False)
     make(m / ".mini-bbbbbbbbbbbb-f32.gguf.x1y2.part", 100, 2 * DAY)
-    make(home / "prefix-cache" / "0123456789ab" / "k.kv", 1000, 10 * DAY)
+    kv = make(home / "prefix-cache" / "0123456789ab" / "k.kv", 1000, 10 * DAY)
+    os.utime(kv.parent, (kv.stat().st_mtime, kv.stat().st_mtime))
     return home / "models"
 
 
@@ -65,7 +66,9 @@ def test_survey_sorts_every_entry_and_marks_the_superseded(store: Path) -> None:
     by_name = {e.path.name: e for e in report.entries}
     assert by_name["mini-aaaaaaaaaaaa-f32.gguf"].superseded and not by_name["mini-bbbbbbbbbbbb-f32.gguf"].superseded
     assert not by_name["mini-cccccccccccc-f16.gguf"].superseded  # another format
-    assert by_name["mini-dddddddddddd-onnx-fp32"].kind == "exports" and by_name["mini-dddddddddddd-onnx-fp32"].superseded
+    assert (
+        by_name["mini-dddddddddddd-onnx-fp32"].kind == "exports" and by_name["mini-dddddddddddd-onnx-fp32"].superseded
+    )
     assert by_name["mini-ffffffffffff-openvino-fp32"].kind == "partial"  # never completed
     assert by_name[".mini-bbbbbbbbbbbb-f32.gguf.x1y2.part"].kind == "partial"
     assert by_name["mini-eeeeeeeeeeee-onnx-fp32"].num_bytes == 6003  # the folder's files

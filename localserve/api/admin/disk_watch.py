@@ -70,11 +70,11 @@ class DiskWatch:
             )
 
     def health(self) -> dict[str, Any] | None:
-        """What `/health` says of the disk: None while all is well."""
-        low = 0 <= self.free_bytes < self.low_bytes
-        if self.writable and not low:
+        """What `/health` says of the disk: None while it can be written (low
+        space is in /metrics, the stats and the log, not a health matter)."""
+        if self.writable:
             return None
-        return {"data_dir": str(self.path), "writable": self.writable, "free_bytes": self.free_bytes, "low": low}
+        return {"data_dir": str(self.path), "writable": False}
 
     def snapshot(self) -> dict[str, Any]:
         return {
