@@ -158,6 +158,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_DRAFT_MAX": "4",
         "LOCALSERVE_REASONING_BUDGET": "256",
         "LOCALSERVE_PREFIX_CACHE_DISK": "2G",
+        "LOCALSERVE_BATCH_DISK_TIMEOUT": "60",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -192,6 +193,7 @@ def test_every_option_reads_its_env_var() -> None:
         draft_max=4,
         reasoning_budget=256,
         prefix_cache_disk=2 << 30,
+        batch_disk_timeout_s=60.0,
     )
 
 

@@ -34,7 +34,11 @@ def add_cache_command(subparsers: Any) -> None:
     )
     parser.add_argument("action", nargs="?", choices=("list", "prune"), default="list", help="list (default) or prune")
     parser.add_argument(
-        "--older-than", type=_days, default=None, metavar="DAYS", help="prune: also remove entries unused this long"
+        "--older-than",
+        type=_days,
+        default=None,
+        metavar="DAYS",
+        help="prune: also remove entries unused this long (default: none, only superseded and partial ones)",
     )
     parser.add_argument("--dry-run", action="store_true", help="prune: say what would go, remove nothing")
     parser.set_defaults(handler=cmd_cache)

@@ -128,6 +128,8 @@ ONE_SHOT_KEYS = {
 }
 #: `# TYPE` names of /metrics (prometheus-client writes a counter's `_total` there).
 METRIC_FAMILIES = {
+    "localserve_disk_free_bytes",
+    "localserve_disk_total_bytes",
     "localserve_generation_tokens_total",
     "localserve_inter_token_latency_seconds",
     "localserve_kv_cache_capacity_tokens",
