@@ -50,8 +50,8 @@ TEST_EXTRAS := test,speech,onnx,convert,ray
 # pulls about 3 GB of CUDA wheels.
 TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-# Debian packages the tests use (speech fixtures).
-SYSTEM_PACKAGES := espeak-ng sox
+# Debian packages the tests use (speech fixtures; headless Chromium for the browser UI's tests).
+SYSTEM_PACKAGES := espeak-ng sox chromium
 ARGS ?=
 PYTEST_ARGS ?=
 

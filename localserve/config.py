@@ -59,6 +59,7 @@ class ServerSettings:
     reasoning_budget: int = -1  # a reasoning model's thinking tokens before </think> is forced; -1: no limit, 0: none
     prefix_cache_disk: int = -1  # bytes of KV state of prompt prefixes kept on disk; -1: a share of free disk, 0: off
     shutdown_timeout_s: float = 10.0
+    no_ui: bool = False  # True: no browser UI at / (api/webui.py)
     max_audio_bytes: int = 25 * 1024 * 1024  # larger audio uploads get 413 (OpenAI's limit)
     max_audio_seconds: float = 3600.0  # longer audio gets 400
     data_dir: str = ""  # batch files and job state; "" = data_home()

@@ -159,6 +159,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_REASONING_BUDGET": "256",
         "LOCALSERVE_PREFIX_CACHE_DISK": "2G",
         "LOCALSERVE_BATCH_DISK_TIMEOUT": "60",
+        "LOCALSERVE_NO_UI": "yes",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -194,6 +195,7 @@ def test_every_option_reads_its_env_var() -> None:
         reasoning_budget=256,
         prefix_cache_disk=2 << 30,
         batch_disk_timeout_s=60.0,
+        no_ui=True,
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api import webui
 from localserve.api.admin import debug, disk_watch, metrics, openapi
 from localserve.api.admin import models as models_admin
 from localserve.api.admin.stats import register_stats_routes
@@ -76,7 +77,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
             body_timeout_middleware(settings.body_timeout_s),  # 408 for a body that stops arriving
             host_middleware(settings),
             cors_middleware(settings),  # before auth: preflights carry no key
-            auth_middleware(settings.api_key),
+            auth_middleware(settings.api_key, public=webui.is_public),  # the UI's page asks for the key itself
             release_leases_middleware,  # innermost: gives back the models a request held once it is done
         ],
     )
@@ -112,6 +113,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     infill.register(app)  # /infill (llama.cpp's fill-in-the-middle)
     metrics.register(app)  # /metrics (Prometheus)
     debug.register(app)  # /api/v1/debug/fault, only with LOCALSERVE_ENABLE_FAULTS=1 (tests)
+    webui.register(app)  # /ui/{name}: the browser UI's files (its page is Ollama's `/` for a browser)
     openapi.register(app)  # /openapi.json: every route of the router
     return app
 

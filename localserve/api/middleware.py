@@ -146,13 +146,18 @@ def as_error(exc: Exception, request: web.Request) -> LocalServeError:
     return LocalServeError("The server had an unexpected error while processing your request.")
 
 
-def auth_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+def auth_middleware(
+    api_key: str | None, public: Callable[[web.Request], bool] | None = None
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Require `Authorization: Bearer <api_key>` (or `x-api-key: <api_key>`,
-    as Anthropic's clients send it) on every route but /health."""
+    as Anthropic's clients send it) on every route but /health and those
+    `public` says need none (the browser UI's page and files)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not api_key or request.path in PUBLIC_PATHS:  # an empty key (unset env var) means none
+            return await handler(request)
+        if public is not None and public(request):
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")

@@ -88,6 +88,17 @@ def byte_size(text: str) -> int:
     return int(number * _SIZE_UNITS[unit])
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def boolean(text: str) -> bool:
+    """An environment value of a switch: 1/true/yes/on or 0/false/no/off."""
+    value = text.strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_TRUE + _FALSE)}; got {text!r}")
+    return value in _TRUE
+
+
 def _choice(choices: Sequence[str]) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if text.lower() not in choices:
@@ -130,6 +141,7 @@ class Option:
     help: str
     metavar: str
     repeat: bool = False  # flag may be given several times; env var is comma-separated
+    switch: bool = False  # a flag without a value that sets True; its env var takes 1/0, true/false, ...
     default: Any = None  # only for CLI-only options; settings fields take the dataclass default
 
     @property
@@ -296,6 +308,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "retries meanwhile) before it fails with an error file saying why",
         "S",
     ),
+    Option(
+        "--no-ui",
+        "no_ui",
+        boolean,
+        'do not serve the browser UI at / (Ollama\'s "Ollama is running" answers there either way)',
+        "",
+        switch=True,
+    ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",
@@ -341,6 +361,11 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
     """Add `options` to `parser`; defaults stay None so env vars can fill the gaps."""
     for option in options:
         help_text = f"{option.help} (env {option.env}; default: {_describe_option_default(option)})"
+        if option.switch:
+            parser.add_argument(
+                option.flag, dest=option.dest, action="store_const", const=True, default=None, help=help_text
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.dest,

@@ -39,6 +39,7 @@ OPERATIONS = {
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/ui/{name}"),
     ("GET", "/v1/batches"),
     ("GET", "/v1/batches/{batch_id}"),
     ("GET", "/v1/files"),

@@ -103,7 +103,7 @@ def _operation(route: Route, refs: dict[type[BaseModel], dict[str, Any]]) -> dic
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[route.body]}}}
     elif route.form is not None:
         operation["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": route.form}}}
-    if path in PUBLIC_PATHS:
+    if path in PUBLIC_PATHS or path.startswith("/ui/"):  # the browser UI's files: no key (api/webui.py)
         operation["security"] = []
     return operation
 

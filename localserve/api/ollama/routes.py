@@ -2,7 +2,7 @@
 WebUI, JetBrains AI Assistant, ...): point them at this server's base URL
 as if it were Ollama.
 
-* `GET /` - "Ollama is running", as Ollama answers
+* `GET /` - "Ollama is running", as Ollama answers (a browser gets the UI: `api.webui`)
 * `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/show`
 * `POST /api/chat`, `POST /api/generate` (see `api.ollama.chat`)
 * `POST /api/embed` (`input`: text or texts) and the older
@@ -28,6 +28,7 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from localserve.api import webui
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import ErrorShape, error_response, parse_body
 from localserve.api.ollama import chat as ollama_chat
@@ -61,7 +62,7 @@ def register(app: web.Application) -> None:
     """Add the Ollama routes (give the app's error middleware `ERROR_SHAPE` too)."""
     add_routes(
         app,
-        Route("GET", "/", root, media_types=("text/plain",)),
+        Route("GET", "/", root, media_types=("text/plain", "text/html")),
         Route("GET", "/api/version", version),
         Route("GET", "/api/tags", tags),
         Route("GET", "/api/ps", running),
@@ -92,6 +93,9 @@ ERROR_SHAPE = ErrorShape(is_ollama_path, ollama_error)
 
 
 async def root(request: web.Request) -> web.Response:
+    """The text "Ollama is running", as Ollama answers; a browser (Accept: text/html) gets the UI's page instead."""
+    if webui.wants_page(request):
+        return await webui.page(request)
     return web.Response(text="Ollama is running")
 
 
