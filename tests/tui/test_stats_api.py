@@ -36,6 +36,7 @@ SNAPSHOT_KEYS = {
     "one_shot",
     "batches",
     "devices",
+    "disk",
 }
 
 
@@ -61,6 +62,9 @@ async def test_snapshot_of_a_server_without_models() -> None:
     process = body["process"]
     assert process["rss_bytes"] > 0 and process["pid"] > 0 and process["num_cpus"] >= 1
     assert process["cpu_percent"] >= 0
+    disk = body["disk"]  # the data directory's disk, read at start-up
+    assert set(disk) == {"data_dir", "free_bytes", "total_bytes", "writable", "low"}
+    assert 0 <= disk["free_bytes"] <= disk["total_bytes"]
 
 
 async def test_devices_appear_once_probed_off_the_event_loop() -> None:
