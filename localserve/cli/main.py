@@ -38,6 +38,7 @@ from localserve.cli.options import (
 )
 from localserve.cli.run import add_run_command
 from localserve.cli.status import add_list_command, add_top_command
+from localserve.disk import is_storage_error
 from localserve.errors import LocalServeError
 
 __all__ = ["COMMANDS", "SERVE_OPTIONS", "CliError", "build_parser", "check_models", "main", "settings_from_args"]
@@ -170,6 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ImportError as exc:
         print(f"localserve: error: {exc}; install the dependencies with `make install`", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if not is_storage_error(exc):
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"localserve: error: {exc.strerror or exc}{where}: free some space (`localserve cache prune`)",
+              file=sys.stderr)  # fmt: skip
         return 1
 
 

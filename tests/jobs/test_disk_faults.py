@@ -192,3 +192,24 @@ def test_a_store_that_cannot_open_on_a_full_disk_opens_once_space_is_back(tmp_pa
             assert store.get_file(record.id).num_bytes == 9
         finally:
             store.close()
+
+
+async def test_batch_run_on_a_full_output_disk_keeps_its_answers_for_the_rerun(tmp_path: Path) -> None:
+    from localserve.jobs.offline import run_file
+    from tests.jobs.test_offline import opener, write
+
+    source = write(tmp_path / "in.jsonl", [request_line(f"c{i}", n=i) for i in range(8)])
+    with small_tmpfs(tmp_path / "out", "1m") as out:
+        output = out / "answers.jsonl"
+        filler = fill(out)
+        first = FakeExecutor(concurrency=2)
+        with pytest.raises(OSError) as raised:
+            await run_file(source, str(output), opener(first, []), work_dir=tmp_path / "work")
+        assert is_disk_full(raised.value)
+        assert not output.exists() and [p.name for p in out.iterdir()] == ["filler"]  # no half file
+        filler.unlink()
+        second = FakeExecutor()
+        summary = await run_file(source, str(output), opener(second, []), work_dir=tmp_path / "work")
+        assert sorted(first.calls) == list(range(8)) and second.calls == []  # the journal kept every answer
+        assert [line["custom_id"] for line in read_jsonl(output)] == [f"c{i}" for i in range(8)]
+        assert summary.num_skipped == 8

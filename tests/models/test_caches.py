@@ -164,3 +164,21 @@ def test_a_pull_larger_than_the_free_space_is_refused_up_front(hub: FakeHub, hom
             pull(plan_pull("test/big-GGUF:Q8_0"))
         assert "needs about 3.0 MiB" in raised.value.message
         assert not list(hf.rglob("*.incomplete"))
+
+
+def test_a_command_that_meets_a_full_disk_says_so_in_one_line(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from localserve.cli import cache as cache_command
+
+    def full(args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/answers.jsonl")
+
+    monkeypatch.setattr(cache_command, "cmd_cache", full)
+    assert main(["cache"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "localserve: error: No space left on device (/data/answers.jsonl): free some space (`localserve cache prune`)\n"
+    )
