@@ -290,3 +290,21 @@ async def test_narrow_screen_keeps_full_class_names_and_wraps_the_header() -> No
         assert "interactive" in table and "default" in table and " int " not in table
         assert app.query_one(RequestTable).row_count == 11 and len(table.splitlines()) >= 6  # 5 rows shown, at least
         assert "decode 182 tok/s" in str(app.query_one(ClassPanel).border_title)  # the charts are hidden
+
+
+async def test_the_header_shows_the_data_disk_and_marks_it_when_low_or_read_only() -> None:
+    plenty, low, read_only = fixed_snapshot(), fixed_snapshot(), fixed_snapshot()
+    plenty["disk"] = {"free_bytes": 52_300_000_000, "total_bytes": 10**11, "writable": True, "low": False}
+    low["disk"] = {"free_bytes": 700_000_000, "total_bytes": 10**11, "writable": True, "low": True}
+    read_only["disk"] = {"free_bytes": 0, "total_bytes": 10**11, "writable": False, "low": True}
+    shown: list[tuple[str, list[object]]] = []  # the header's text, and the style of each part
+    for snapshot in (plenty, low, read_only):
+        app = DashboardApp(ScriptedSource([snapshot]))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda app=app: app.num_snapshots == 1)
+            await pilot.pause()
+            header = app.query_one(ServerHeader)
+            shown.append((str(header.render()), [part.style for part in header.parts()]))
+    assert "disk 52.3 GB free" in shown[0][0] and "bold reverse yellow" not in shown[0][1]
+    assert "disk 700 MB free" in shown[1][0] and "bold reverse yellow" in shown[1][1]
+    assert "disk READ-ONLY" in shown[2][0] and "bold reverse red" in shown[2][1]
