@@ -68,6 +68,13 @@ class ServerSettings:
     batch_concurrency: int = 0  # batch requests in flight per model; 0 = the model's slots
     batch_disk_timeout_s: float = 3600.0  # a batch paused this long on a full or read-only disk fails, saying why
     max_loaded_models: str = "3"  # per kind: "N", or "chat=N,embeddings=N,asr=N"; 0 = no limit (models/policy.py)
+    # llama-server's drop-in (api/llamacpp/): a request with no model, or one this server does not
+    # serve, goes to the only model of its kind; strict: 400 / 404 as before (models/registry/naming.py)
+    strict_model_names: bool = False
+    n_predict: int = -1  # tokens /completion generates when the request sets no n_predict; -1: until the context ends
+    chat_template_file: str = ""  # a Jinja chat template every chat model uses instead of its own
+    no_slots: bool = False  # GET /slots answers 501 (llama-server's --no-slots)
+    slot_save_path: str = ""  # where /slots/{id}?action=save|restore keeps prompt caches; "": those actions are 501
     keep_alive: str = ""  # idle time before unloading ("5m", "30s", 0, -1); "" = 5m on demand, start-up models stay
 
     def data_path(self) -> Path:

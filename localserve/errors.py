@@ -55,7 +55,23 @@ class NotUnicodeError(InvalidRequestError):
 
 
 class ContextLengthError(InvalidRequestError):
+    """A prompt the context cannot hold; with the counts, the envelope carries
+    `n_prompt_tokens` and `n_ctx` as llama-server's `exceed_context_size_error` does."""
+
     code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, n_prompt_tokens: int | None = None, n_ctx: int | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def envelope(self) -> dict[str, dict[str, str | None]]:
+        body = super().envelope()
+        if self.n_prompt_tokens is not None and self.n_ctx is not None:
+            body["error"].update(n_prompt_tokens=self.n_prompt_tokens, n_ctx=self.n_ctx)  # type: ignore[call-overload]
+        return body
 
 
 class BodyReadError(InvalidRequestError):

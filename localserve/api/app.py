@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -36,7 +37,8 @@ from localserve.api.anthropic import messages
 from localserve.api.doc_models import ChatCompletion, Health, ModelList, ModelObject, TextCompletion
 from localserve.api.hosting import RequestModels
 from localserve.api.leases import release_leases_middleware
-from localserve.api.llamacpp import infill
+from localserve.api.llamacpp import completion as native_completion
+from localserve.api.llamacpp import infill, native
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
 from localserve.api.ollama import routes as ollama
 from localserve.api.openai import audio, batches, embeddings, responses
@@ -48,11 +50,13 @@ from localserve.api.security import cors_middleware, cors_response_headers, host
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
 from localserve.errors import NotFoundError
+from localserve.models.catalog import variant_of
 from localserve.models.kinds import ModelKind
 from localserve.models.registry import LoadedModel, LoadedOneShot, ModelRegistry
 from localserve.serving.generation import request_ids
 from localserve.serving.models import hold_chat_model
 from localserve.serving.openai.schemas import MAX_CHOICES, MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
+from localserve.serving.prompts import TemplateCache
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +87,20 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     )
     app[SETTINGS] = settings
     app[REGISTRY] = registry
-    app[STATE] = ApiState()
+    app[STATE] = ApiState(TemplateCache(_template_override(settings)))
     app.on_response_prepare.append(cors_response_headers(settings))
     app.cleanup_ctx.append(_models_lifecycle)
     app.on_shutdown.append(_drain)  # graceful shutdown (SIGTERM, Ctrl-C): see `_drain`
-    for prefix in API_PREFIXES:
+    for prefix in (*API_PREFIXES, ""):  # "": llama-server's unprefixed routes
         add_routes(
             app,
             Route("GET", f"{prefix}/models", list_models, response=ModelList, query=("all",)),
             # Any id: a bad one is a 400, not a 405.
             Route("GET", prefix + r"/models/{model_id:[\s\S]+}", get_model, response=ModelObject),
             Route("POST", f"{prefix}/chat/completions", chat_completions, ChatCompletionRequest, ChatCompletion),
-            Route("POST", f"{prefix}/completions", completions, CompletionRequest, TextCompletion),
         )
+        if prefix:  # llama-server's unprefixed /completions is its native one (api.llamacpp.completion)
+            add_routes(app, Route("POST", f"{prefix}/completions", completions, CompletionRequest, TextCompletion))
     add_routes(
         app,
         Route("POST", "/api/v1/requests/{request_id}/cancel", cancel_request),
@@ -111,11 +116,20 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     messages.register(app)  # /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
     ollama.register(app)  # /, /api/tags, /api/chat, /api/generate, /api/embed, ... (Ollama's dialect)
     infill.register(app)  # /infill (llama.cpp's fill-in-the-middle)
+    native_completion.register(app)  # /completion, /completions (llama.cpp's native completion)
+    native.register(app)  # /tokenize, /detokenize, /apply-template, /props, /slots, /embedding(s)
     metrics.register(app)  # /metrics (Prometheus)
     debug.register(app)  # /api/v1/debug/fault, only with LOCALSERVE_ENABLE_FAULTS=1 (tests)
     webui.register(app)  # /ui/{name}: the browser UI's files (its page is Ollama's `/` for a browser)
     openapi.register(app)  # /openapi.json: every route of the router
     return app
+
+
+def _template_override(settings: ServerSettings) -> str | None:
+    """The text of `--chat-template-file`, if given (read once, at start)."""
+    if not settings.chat_template_file:
+        return None
+    return Path(settings.chat_template_file).expanduser().read_text(encoding="utf-8")
 
 
 # ---- lifecycle ---------------------------------------------------------------------
@@ -211,7 +225,9 @@ def _oneshot_object(model_id: str, loaded: LoadedOneShot) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     """`GET /v1/models`: the loaded models, generative and one-shot (embeddings,
     speech); with `?all=true` also every model here that a request would load
-    (`meta.loaded` false, `meta.source` where it was found)."""
+    (`meta.loaded` false, `meta.source` where it was found). Each entry has a
+    `localserve` block for model pickers: `kind`, `backend`, `loaded`,
+    `variant_of` (the model it is an on-disk variant of, or null)."""
     registry = request.app[REGISTRY]
     data = [_model_object(model_id, loaded, request) for model_id, loaded in registry.loaded.items()]
     data += [_oneshot_object(model_id, loaded) for model_id, loaded in registry.oneshot.items()]
@@ -220,7 +236,21 @@ async def list_models(request: web.Request) -> web.Response:
     if request.query.get("all", "").strip().lower() in ("1", "true", "yes"):
         ids = {item["id"] for item in data}
         data += [_servable_object(row) for row in await asyncio.to_thread(_servable_rows) if row["id"] not in ids]
+    known = [item["id"] for item in data]
+    for item in data:
+        item["localserve"] = _picker_block(item, known)
     return web.json_response({"object": "list", "data": data})
+
+
+def _picker_block(item: dict[str, Any], known_ids: list[str]) -> dict[str, Any]:
+    """What a model picker groups by (documented in the README's model list section)."""
+    meta = item["meta"]
+    return {
+        "kind": str(meta["kind"]),
+        "backend": meta.get("backend", ""),
+        "loaded": bool(meta.get("loaded")),
+        "variant_of": variant_of(item["id"], known_ids),
+    }
 
 
 def _servable_rows() -> list[dict[str, Any]]:
@@ -252,9 +282,13 @@ async def get_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     oneshot = registry.oneshot.get(request.match_info["model_id"])
     if oneshot is not None:
-        return web.json_response(_oneshot_object(request.match_info["model_id"], oneshot))
-    model_id = await hold_chat_model(RequestModels(request), request.match_info["model_id"], load=False)
-    return web.json_response(_model_object(model_id, registry.get(model_id), request))
+        item = _oneshot_object(request.match_info["model_id"], oneshot)
+    else:
+        model_id = await hold_chat_model(RequestModels(request), request.match_info["model_id"], load=False)
+        item = _model_object(model_id, registry.get(model_id), request)
+    item["meta"]["loaded"] = True
+    item["localserve"] = _picker_block(item, list(registry.records))
+    return web.json_response(item)
 
 
 async def cancel_request(request: web.Request) -> web.Response:

@@ -40,11 +40,21 @@ class Health(_Doc):
     disk: dict[str, Any] | None = None  # the data directory, when it is read-only
 
 
+class PickerBlock(_Doc):
+    """What a model picker groups by."""
+
+    kind: str  # chat, embeddings, transcription
+    backend: str  # llamacpp, onnx, openvino, whisper, ...
+    loaded: bool
+    variant_of: str | None  # the model this id is an on-disk variant of (all-minilm-l6-v2 for -onnx-int8)
+
+
 class ModelObject(_Doc):
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
+    localserve: PickerBlock
 
 
 class ModelList(_Doc):

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.admin.metrics import note_model
+from localserve.api.http_edge import OUTPUT_TOKENS
 from localserve.api.leases import use_model
 from localserve.api.state import REGISTRY, STATE
 from localserve.backends.base import Tokenizer
@@ -39,6 +40,9 @@ class RequestModels:
 
     def found(self, model_id: str) -> None:
         note_model(self.request, model_id)
+
+    def note_output(self, num_tokens: int) -> None:
+        self.request[OUTPUT_TOKENS] = num_tokens
 
 
 def app_models(app: web.Application) -> LocalModels:

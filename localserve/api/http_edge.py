@@ -90,6 +90,39 @@ class ApiServer(web.Server):
         return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+#: Request keys: the answer's generated tokens so far, the bytes a stream sent (the abandoned request's log line).
+OUTPUT_TOKENS = "localserve.output_tokens"
+BYTES_SENT = "localserve.bytes_sent"
+ABANDONED = "localserve.abandoned"  # the client left while its answer was being written
+CLIENT_CLOSED = 499  # nginx's code for "the client went away first"
+ACCESS_LOG = logging.getLogger("aiohttp.access")
+
+
+def note_abandoned(request: BaseRequest) -> None:
+    """A write found the client gone: log and count the request as 499."""
+    request[ABANDONED] = True
+
+
+def log_abandoned(request: BaseRequest, status: int, seconds: float) -> None:
+    """The access-log line of a request whose client left before its answer
+    ended (aiohttp writes none for a cancelled handler): `AccessLog`'s
+    format with status 499, the bytes sent, the time and the tokens it got."""
+    if ACCESS_LOG.isEnabledFor(logging.INFO):
+        ACCESS_LOG.info(
+            '%s "%s %s HTTP/%d.%d" %d %d %.3fs "%s" tokens=%d',
+            request.remote,
+            request.method,
+            request.path_qs,
+            request.version.major,
+            request.version.minor,
+            status,
+            request.get(BYTES_SENT, 0),
+            seconds,
+            request.headers.get("User-Agent", "-"),
+            request.get(OUTPUT_TOKENS, 0),
+        )
+
+
 class AccessLog(AbstractAccessLogger):
     """`127.0.0.1 "POST /v1/embeddings HTTP/1.1" 200 4973 0.012s "python-httpx/0.28"`: the
     client, request line, status, bytes sent, seconds taken and user agent.
@@ -98,7 +131,9 @@ class AccessLog(AbstractAccessLogger):
     cost about a tenth of the event loop's time on short embeddings)."""
 
     def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
-        if self.logger.isEnabledFor(logging.INFO):
+        if request.get(ABANDONED):
+            log_abandoned(request, CLIENT_CLOSED, time)
+        elif self.logger.isEnabledFor(logging.INFO):
             self.logger.info(
                 '%s "%s %s HTTP/%d.%d" %d %d %.3fs "%s"',
                 request.remote,

@@ -27,11 +27,13 @@ then its response carries `Access-Control-Allow-Origin`. Allowed are:
 * the server's own origin (a page it served itself);
 * every `--cors-origin` (exact origin; `*` allows any).
 
-Any other origin gets 403 on every method, not only on preflights: a simple
+Any other origin gets 403 on every method but the preflight: a simple
 cross-origin POST (`Content-Type: text/plain`) skips the preflight, and would
 otherwise start a generation the page cannot even read. `Origin: null`
 (sandboxed iframes, `file://`) is foreign. Preflights (`OPTIONS` with
-`Access-Control-Request-Method`) are answered here with 204 and need no key.
+`Access-Control-Request-Method`) are answered here with 200, as llama-server
+does, and need no key; a foreign origin's preflight gets no CORS headers,
+so the browser never sends the call.
 """
 
 from __future__ import annotations
@@ -96,8 +98,10 @@ class OriginPolicy:
     """Which browser origins may call this server (see the module docstring)."""
 
     def __init__(self, settings: ServerSettings) -> None:
-        self.any_origin = "*" in settings.cors_origins
-        self.extra = frozenset(o.strip().rstrip("/").lower() for o in settings.cors_origins if o != "*")
+        # `--cors-origins a,b` as llama-server takes it; its `localhost` means the loopback origins, allowed anyway.
+        origins = [o.strip().rstrip("/").lower() for entry in settings.cors_origins for o in entry.split(",")]
+        self.any_origin = "*" in origins
+        self.extra = frozenset(o for o in origins if o and o not in ("*", "localhost"))
 
     def allows(self, origin: str, host: str | None) -> bool:
         """May a page of `origin` call us? `host` is the request's Host header."""
@@ -137,21 +141,27 @@ def cors_middleware(settings: ServerSettings) -> Callable[..., Awaitable[web.Str
         origin = request.headers.get("Origin")
         if origin is None:
             return await handler(request)
-        if not policy.allows(origin, request.headers.get("Host")):
+        allowed = policy.allows(origin, request.headers.get("Host"))
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return _preflight(request, origin if allowed else None)
+        if not allowed:
             raise ForbiddenError(
                 f"Origin {origin!r} is not allowed to call this server. "
                 f"Start it with --cors-origin {origin} to allow that origin."
             )
-        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-            return _preflight(request, origin)
         return await handler(request)
 
     return middleware
 
 
-def _preflight(request: web.Request, origin: str) -> web.Response:
+def _preflight(request: web.Request, origin: str | None) -> web.Response:
+    """200, as llama-server answers; a foreign `origin` (None) gets no CORS
+    headers, so the browser refuses the call it asked about."""
+    if origin is None:
+        return web.Response(status=200, headers={"Vary": "Origin"})
     headers = {
         "Access-Control-Allow-Origin": origin,
+        "Access-Control-Allow-Credentials": "true",
         "Access-Control-Allow-Methods": ALLOW_METHODS,
         "Access-Control-Allow-Headers": request.headers.get(
             "Access-Control-Request-Headers", "Authorization, Content-Type"
@@ -163,7 +173,7 @@ def _preflight(request: web.Request, origin: str) -> web.Response:
     # localhost; the origin is already vetted, so say yes.
     if request.headers.get("Access-Control-Request-Private-Network") == "true":
         headers["Access-Control-Allow-Private-Network"] = "true"
-    return web.Response(status=204, headers=headers)
+    return web.Response(status=200, headers=headers)
 
 
 def cors_response_headers(settings: ServerSettings) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from localserve.api.http_edge import BYTES_SENT, note_abandoned
 from localserve.engine.types import FinishReason
 from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
@@ -69,8 +70,12 @@ class SseWriter:
     async def _write(self, data: bytes) -> None:
         if not self.response.prepared:
             await self.response.prepare(self.request)
-        # Raises ConnectionResetError once the client is gone.
-        await self.response.write(data)
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:  # the client is gone
+            note_abandoned(self.request)
+            raise
+        self.request[BYTES_SENT] = self.request.get(BYTES_SENT, 0) + len(data)
 
 
 async def stream_answer(

@@ -143,6 +143,7 @@ class Option:
     repeat: bool = False  # flag may be given several times; env var is comma-separated
     switch: bool = False  # a flag without a value that sets True; its env var takes 1/0, true/false, ...
     default: Any = None  # only for CLI-only options; settings fields take the dataclass default
+    aliases: tuple[str, ...] = ()  # other spellings of the flag (llama-server's)
 
     @property
     def env(self) -> str:
@@ -231,7 +232,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "NAME",
         repeat=True,
     ),
-    Option("--cors-origin", "cors_origins", str, "extra browser origin allowed by CORS", "ORIGIN", repeat=True),
+    Option(
+        "--cors-origin",
+        "cors_origins",
+        str,
+        "extra browser origins allowed by CORS (comma-separated or repeated; * allows any)",
+        "ORIGIN",
+        repeat=True,
+        aliases=("--cors-origins",),
+    ),
     Option("--max-body-bytes", "max_body_bytes", int_at_least(1), "largest request body; larger gets 413", "N"),
     Option(
         "--body-timeout",
@@ -316,6 +325,36 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "",
         switch=True,
     ),
+    Option(
+        "--strict-model-names",
+        "strict_model_names",
+        boolean,
+        "a request without a model, or naming one not served, is a 400/404 even when one model of its kind runs",
+        "",
+        switch=True,
+    ),
+    Option(
+        "--n-predict",
+        "n_predict",
+        int_at_least(-1),
+        "tokens llama.cpp's /completion generates when a request sets no n_predict; -1 = until the context ends",
+        "N",
+    ),
+    Option(
+        "--chat-template-file",
+        "chat_template_file",
+        str,
+        "a Jinja chat template file that every chat model uses instead of its own",
+        "FILE",
+    ),
+    Option("--no-slots", "no_slots", boolean, "GET /slots answers 501 (as llama-server's --no-slots)", "", switch=True),
+    Option(
+        "--slot-save-path",
+        "slot_save_path",
+        str,
+        "folder where POST /slots/ID?action=save|restore keep prompt caches (unset: those actions are 501)",
+        "DIR",
+    ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(
         "--max-loaded-models",
@@ -363,11 +402,18 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
         help_text = f"{option.help} (env {option.env}; default: {_describe_option_default(option)})"
         if option.switch:
             parser.add_argument(
-                option.flag, dest=option.dest, action="store_const", const=True, default=None, help=help_text
+                option.flag,
+                *option.aliases,
+                dest=option.dest,
+                action="store_const",
+                const=True,
+                default=None,
+                help=help_text,
             )
             continue
         parser.add_argument(
             option.flag,
+            *option.aliases,
             dest=option.dest,
             type=option.convert,
             metavar=option.metavar,

@@ -27,7 +27,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -227,6 +227,16 @@ def catalog_variant(model_id: str) -> str:
     """The `variant` of the model's catalog entry ("" if it has none or no entry)."""
     entry = load_catalog().get(model_id)
     return entry.variant if entry is not None else ""
+
+
+def variant_of(model_id: str, known_ids: Iterable[str] = ()) -> str | None:
+    """The model `model_id` is an on-disk variant of (`all-minilm-l6-v2` for
+    `all-minilm-l6-v2-onnx-int8`): the longest other catalog or `known_ids`
+    id that it extends with `-SUFFIX`; None for a model of its own. Model
+    pickers group a model's variants under it (`/v1/models`' `localserve` block)."""
+    ids = set(load_catalog()) | set(known_ids)
+    bases = [other for other in ids if other != model_id and model_id.startswith(other + "-")]
+    return max(bases, key=len) if bases else None
 
 
 def option_layers(model_id: str, user_path: Path | None = None) -> tuple[ModelOptions, ModelOptions]:

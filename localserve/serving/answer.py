@@ -87,6 +87,7 @@ class ChoiceStream:
         self.thinking = ReasoningParser(reasoning) if reasoning is not None else None
         self._stops = stops
         self._tokenizer = tokenizer
+        self.closed = False  # its ChoiceEnd went out
 
     def note(self, event: TokenEvent) -> None:
         """Count an event's tokens (every event goes through here)."""
@@ -113,12 +114,27 @@ class ChoiceStream:
             num_calls = 0
             for kind, text in self.thinking.finish() if self.thinking is not None else ():
                 out += [ReasoningDelta(index, text)] if kind == REASONING else self._content(text, ())
+            reason = event.finish_reason.value
             if parser is not None:
                 out += _typed(index, parser, parser.finish(), ())
-                num_calls = len(parser.calls)
+                num_calls = parser.num_complete
+                if num_calls and event.finish_reason is FinishReason.LENGTH:
+                    reason = FinishReason.STOP.value  # complete calls came first: a cut-off one is dropped
             stop = self.stop_sequence(event)
-            out.append(ChoiceEnd(index, event.finish_reason.value, _usage(event), num_calls, stop))
+            out.append(ChoiceEnd(index, reason, _usage(event), num_calls, stop))
+            self.closed = True
         return out
+
+    @property
+    def repeated_call(self) -> bool:
+        """The model started a call identical to an earlier one: the choice is over."""
+        return self.parser is not None and self.parser.repeated
+
+    def end_early(self, num_prompt_tokens: int) -> ChoiceEnd:
+        """The choice's end when its last call repeated an earlier one."""
+        self.closed = True
+        calls = self.parser.num_complete if self.parser is not None else 0
+        return ChoiceEnd(self.index, FinishReason.STOP.value, Usage(num_prompt_tokens, len(self.token_ids)), calls)
 
     def _content(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> list[Delta]:
         """The answer's text (tool calls read out of it, with tools)."""
@@ -200,6 +216,7 @@ class Answer:
     def abort(self) -> None:
         """Stop every request of the answer still running."""
         self._merged.abort()
+        self.model.host.note_output(sum(len(choice.token_ids) for choice in self._choices))
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
         """The engine's events as they come, `(choice index, event)`."""
@@ -214,12 +231,19 @@ class Answer:
         there (the rest is aborted)."""
         try:
             async for index, event in self.events():
-                for delta in self._choices[index].deltas(event):
+                choice = self._choices[index]
+                for delta in choice.deltas(event):
                     yield delta
                 if event.finish_reason is FinishReason.ERROR:
                     return
+                if choice.repeated_call and not choice.closed:
+                    self._merged.end(index)
+                    yield choice.end_early(self._num_prompt_tokens(index))
         finally:
             self.abort()
+
+    def _num_prompt_tokens(self, index: int) -> int:
+        return len(self.prompt_ids[index // self.num_choices_per_prompt])
 
     async def collect(self) -> list[ChoiceResult]:
         """Run the answer to the end. A failed choice fails the whole answer
@@ -232,10 +256,17 @@ class Answer:
                 result = results[index]
                 result.text += event.text
                 result.logprobs.extend(event.logprobs)
+                choice = self._choices[index]
                 if event.finish_reason is not None:
                     result.finish_reason = event.finish_reason.value
                     result.usage = _usage(event)
-                    result.stop_sequence = self._choices[index].stop_sequence(event)
+                    result.stop_sequence = choice.stop_sequence(event)
+                elif choice.parser is not None and self.reasoning is None:
+                    choice.parser.feed(event.text)  # only to notice a repeated call as it starts
+                    if choice.parser.repeated:
+                        self._merged.end(index)
+                        result.finish_reason = FinishReason.STOP.value
+                        result.usage = Usage(self._num_prompt_tokens(index), len(choice.token_ids))
         finally:
             self.abort()
         for result, choice in zip(results, self._choices, strict=True):
@@ -246,6 +277,8 @@ class Answer:
             else:
                 reply = parse_reply(answer_text)
                 result.content, result.tool_calls = reply.content, reply.calls
+                if reply.calls and result.finish_reason == FinishReason.LENGTH.value:
+                    result.finish_reason = FinishReason.STOP.value  # the cut-off call is dropped
         return results
 
 

@@ -69,3 +69,14 @@ async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:
     """How many tokens the prompt of `request` takes (nothing is generated)."""
     model = await open_chat_model(host, request.model)
     return len(await chat_prompt_ids(model, request, plan_tools(request.tools)))
+
+
+async def render_chat(host: ModelHost, request: ChatRequest, *, add_generation_prompt: bool = True) -> tuple[str, str]:
+    """The model id and the prompt text `request` renders to through the
+    model's template, with its tools as the chat path gives them (nothing
+    is tokenized or generated: llama-server's `/apply-template`)."""
+    model = await open_chat_model(host, request.model)
+    template = model.template
+    messages, tools = prompt_messages([m.for_template() for m in request.messages], plan_tools(request.tools), template)
+    text = await asyncio.to_thread(template.render, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    return model.model_id, text

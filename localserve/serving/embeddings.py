@@ -87,7 +87,7 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
     vectors = await model.batcher.submit(items, priority=request.priority)
     if resize is not None:
         vectors = [resize(vector) for vector in vectors]
-    return Embeddings(request.model, list(vectors), sum(len(item) for item in items))
+    return Embeddings(model.spec.model_id, list(vectors), sum(len(item) for item in items))
 
 
 def _is_embedder(backend: object) -> TypeGuard[Embedder]:

@@ -98,6 +98,8 @@ def fim_prompt(
         raise ContextLengthError(
             f"the prompt ({len(prompt_ids)} tokens) leaves no room in this model's context of {n_ctx} tokens",
             param="prompt",
+            n_prompt_tokens=len(prompt_ids),
+            n_ctx=n_ctx,
         )
     n_suffix = min(len(suffix_ids), max(room // 4, room - len(prefix_ids)))
     n_prefix = min(len(prefix_ids), room - n_suffix)

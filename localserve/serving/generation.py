@@ -65,6 +65,7 @@ class MergedStreams:
     def __init__(self, streams: Sequence[RequestStream]) -> None:
         self.streams = list(streams)
         self._tasks: list[asyncio.Task[None]] = []
+        self._ended: set[int] = set()  # requests stopped early by `end`
 
     def __aiter__(self) -> AsyncIterator[tuple[int, TokenEvent]]:
         return self._events()
@@ -76,12 +77,22 @@ class MergedStreams:
             return
         queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
         self._tasks = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(self.streams)]
-        num_open = len(self.streams)
-        while num_open:
+        open_ids = set(range(len(self.streams)))
+        while open_ids - self._ended:
             index, event = await queue.get()
+            if index in self._ended:
+                continue
             if event.finished:
-                num_open -= 1
+                open_ids.discard(index)
             yield index, event
+
+    def end(self, index: int) -> None:
+        """Stop request `index` now (its answer is complete): none of its
+        later events is yielded; the others go on."""
+        self._ended.add(index)
+        self.streams[index].abort()
+        if self._tasks:
+            self._tasks[index].cancel()
 
     def abort(self) -> None:
         for task in self._tasks:

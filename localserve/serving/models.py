@@ -17,6 +17,7 @@ from typing import Protocol
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.engine.engine import Engine
+from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
 from localserve.models.kinds import ModelKind
 from localserve.models.registry import Lease, LoadedOneShot, ModelRegistry
 from localserve.serving.prompts import TemplateCache
@@ -39,15 +40,23 @@ class ModelHost(Protocol):
         """The call uses `model_id`, a model that exists (the server labels
         the request's metrics with it; made-up ids never get that far)."""
 
+    def note_output(self, num_tokens: int) -> None:
+        """The call's answer has generated `num_tokens` so far (the server's
+        log line of a request the client abandoned gives it)."""
+
 
 async def hold_chat_model(host: ModelHost, model_id: str, *, load: bool = True) -> str:
     """`model_id`, a loaded chat model held for this call: loaded now if
     known and not loaded, unless `load` is False. 400 for an invalid id or a
-    model of another kind, 503 while start-up loading runs, else 404."""
+    model of another kind, 503 while start-up loading runs, else 404 (but
+    see `_hold`: no name or an unknown one may mean the only chat model)."""
     registry = host.registry
-    registry.check_ready(model_id)
-    if load or registry.is_loaded(model_id):
-        model_id = await host.hold(model_id, ModelKind.CHAT)
+    if not load:
+        registry.check_ready(model_id)
+        if registry.is_loaded(model_id):
+            model_id = await host.hold(model_id, ModelKind.CHAT)
+    else:
+        model_id = await _hold(host, model_id, ModelKind.CHAT)
     registry.get(model_id)  # raises ModelNotFoundError when not loaded and `load` is False
     host.found(model_id)
     return model_id
@@ -56,12 +65,39 @@ async def hold_chat_model(host: ModelHost, model_id: str, *, load: bool = True) 
 async def hold_oneshot_model(host: ModelHost, model_id: str, kind: ModelKind) -> LoadedOneShot:
     """A one-shot model (`kind` embeddings or transcription), loaded on demand
     and held for this call; 503 while start-up loading may still bring it."""
-    registry = host.registry
-    registry.check_ready(model_id)
-    model_id = await host.hold(model_id, kind)
-    model = registry.get_oneshot(model_id, kind)
+    model_id = await _hold(host, model_id, kind)
+    model = host.registry.get_oneshot(model_id, kind)
     host.found(model_id)
     return model
+
+
+async def _hold(host: ModelHost, name: str, kind: ModelKind) -> str:
+    """Hold model `name` of `kind`; its id. As llama-server with one model: no
+    name, or a name this server does not know (`gpt-4o-mini`), means the only
+    model of that kind loaded, unless `--strict-model-names`."""
+    registry = host.registry
+    sole = None if registry.settings.strict_model_names else registry.sole_model(kind)
+    if not name:
+        if sole is None:
+            if registry.starting:
+                raise ModelLoadingError("models are still loading; retry in a moment")
+            raise InvalidRequestError(
+                f"'model' is required: no single {kind} model to default to (GET /v1/models lists them)",
+                param="model",
+            )
+        name = sole
+    try:
+        registry.check_ready(name)
+    except InvalidRequestError:
+        if sole is None:
+            raise
+        name = sole  # not even a name we could serve (`gpt-4o mini`): the one model, as llama-server
+    try:
+        return await host.hold(name, kind)
+    except ModelNotFoundError:
+        if sole is None or sole == name:
+            raise
+    return await host.hold(sole, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +163,9 @@ class _CallModels:
         return self._models.templates.get(model_id, tokenizer)
 
     def found(self, model_id: str) -> None:
+        pass
+
+    def note_output(self, num_tokens: int) -> None:
         pass
 
     def release(self) -> None:

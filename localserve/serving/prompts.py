@@ -15,17 +15,20 @@ from localserve.serving.reasoning import ReasoningFormat
 
 class TemplateCache:
     """One compiled chat template per loaded model; the tokenizer is kept
-    to notice a reload (a new tokenizer object)."""
+    to notice a reload (a new tokenizer object). `override` (the server's
+    `--chat-template-file`) replaces every model's own template."""
 
-    def __init__(self) -> None:
+    def __init__(self, override: str | None = None) -> None:
         self._templates: dict[str, tuple[Tokenizer, ChatTemplate]] = {}
+        self.override = override
 
     def get(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
         """The model's own chat template, compiled once per loaded model."""
         cached = self._templates.get(model_id)
         if cached is not None and cached[0] is tokenizer:
             return cached[1]
-        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        source = self.override or tokenizer.chat_template
+        template = ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
         self._templates[model_id] = (tokenizer, template)
         return template
 

@@ -97,29 +97,79 @@ class _JsonValueEnd:
         return start, len(text), False
 
 
+def _same_call(a: ParsedCall, b: ParsedCall) -> bool:
+    """Same name and the same arguments once parsed (whitespace aside)."""
+    if a.name != b.name:
+        return False
+    try:
+        return bool(json.loads(a.arguments or "{}") == json.loads(b.arguments or "{}"))
+    except ValueError:
+        return a.arguments.strip() == b.arguments.strip()
+
+
 @dataclass(slots=True)
 class ToolCallParser:
-    """Feed the reply's text as it comes; get content and call deltas back."""
+    """Feed the reply's text as it comes; get content and call deltas back.
 
-    state: str = "start"  # start | text | head | args | tail | between
+    Every call after the first is held back until it is complete: a call
+    identical to an earlier one (same name, same parsed arguments; a model
+    not trained on tools repeats itself until `max_tokens`) is never
+    returned, and the reply ends there (`repeated` is set). A later call cut
+    off by the end of the reply is dropped, never half-sent."""
+
+    state: str = "start"  # start | text | head | args | tail | between | ended
     buffer: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     content: str = ""
+    repeated: bool = False  # a call repeated an earlier one: the reply is over
     _value: _JsonValueEnd = field(default_factory=_JsonValueEnd)
+    _held: list[Delta] = field(default_factory=list)  # the deltas of a later call, until it is complete
 
     def feed(self, text: str) -> list[Delta]:
+        if self.state == "ended":
+            return []
         self.buffer += text
         out: list[Delta] = []
         while self._step(out):
             pass
-        return out
+        return self._release(out)
 
     def finish(self) -> list[Delta]:
-        """The reply ended: text held back as a possible call start is content."""
+        """The reply ended: text held back as a possible call start is content;
+        a later call still open is dropped."""
         if self.state == "start" and self.buffer:
             self.state = "text"
             return self.feed("")
+        if self.state in ("head", "args", "tail") and len(self.calls) > 1:
+            self.calls.pop()
+            self._held.clear()
+            self.state = "ended"
         return []
+
+    @property
+    def num_complete(self) -> int:
+        return sum(call.complete for call in self.calls)
+
+    def _release(self, out: list[Delta]) -> list[Delta]:
+        """Hold a later call's deltas until its end; drop it if it repeats."""
+        released: list[Delta] = []
+        for delta in out:
+            if delta.index < 1:
+                released.append(delta)
+                continue
+            self._held.append(delta)
+            if not delta.done:
+                continue
+            call = self.calls[delta.index]
+            if any(_same_call(call, earlier) for earlier in self.calls[: delta.index]):
+                self.calls.pop()
+                self._held.clear()
+                self.repeated = True
+                self.state = "ended"
+                break
+            released += self._held
+            self._held.clear()
+        return released
 
     @property
     def in_call(self) -> bool:

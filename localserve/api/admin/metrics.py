@@ -35,6 +35,7 @@ Every metric carries a `model` label.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from aiohttp import web
@@ -44,6 +45,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from localserve.api.admin.disk_watch import DISK_WATCH, DiskWatch
+from localserve.api.http_edge import ABANDONED, CLIENT_CLOSED, log_abandoned
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.engine.prefix_disk import DiskTierStats
@@ -55,7 +57,6 @@ from localserve.models.registry.views import OneShotStats
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MODEL_KEY = "localserve.model"
-CLIENT_CLOSED = 499  # nginx's code for "the client went away first"
 #: The engine's latency kinds as Prometheus histograms: name and help.
 LATENCY_METRICS = {
     "ttft": ("localserve_time_to_first_token_seconds", "Time from submission to a request's first generated token"),
@@ -104,15 +105,17 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Count every request by model, route and final status (outermost, so
     error envelopes are counted with their status)."""
     status = 500
+    started = time.monotonic()
     try:
         response = await handler(request)
-        status = response.status
+        status = CLIENT_CLOSED if request.get(ABANDONED) else response.status
         return response
     except web.HTTPException as exc:
         status = exc.status
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         status = CLIENT_CLOSED
+        log_abandoned(request, status, time.monotonic() - started)
         raise
     finally:
         metrics = request.app.get(METRICS)

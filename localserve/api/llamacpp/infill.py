@@ -26,12 +26,12 @@ import logging
 from aiohttp import web
 
 from localserve.api.hosting import RequestModels
-from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun
+from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, sampling_of
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
-from localserve.engine.types import SamplingParams, parse_priority
+from localserve.engine.types import parse_priority
 from localserve.errors import LocalServeError, ModelNotFoundError
 from localserve.serving import types as serving
 from localserve.serving.answer import Answer
@@ -50,7 +50,7 @@ def register(app: web.Application) -> None:
 async def infill(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, InfillRequest)
     options = Options(
-        sampling=_sampling(body),
+        sampling=sampling_of(body),
         max_tokens=body.n_predict if body.n_predict > 0 else None,
         priority=parse_priority(body.priority),
     )
@@ -89,22 +89,6 @@ def _default_model(request: web.Request) -> str:
     if loaded:
         return loaded[0]
     raise ModelNotFoundError("no model is loaded", param="model")
-
-
-def _sampling(body: InfillRequest) -> SamplingParams:
-    return SamplingParams(
-        temperature=body.temperature,
-        top_k=body.top_k,
-        top_p=body.top_p,
-        min_p=body.min_p,
-        repeat_penalty=body.repeat_penalty,
-        penalty_last_n=body.repeat_last_n,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
-        stop=tuple(s for s in body.stop if s),
-        ignore_eos=body.ignore_eos,
-    )
 
 
 async def _stream(request: web.Request, answer: Answer, run: InfillRun, headers: dict[str, str]) -> web.StreamResponse:

@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from localserve.engine.types import FinishReason, TokenEvent
+from localserve.backends.base import Tokenizer
+from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
 from localserve.serving.generation import event_error
 
 INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
@@ -22,13 +23,14 @@ class InfillExtra(BaseModel):
     filename: str = "tmp"
 
 
-class InfillRequest(BaseModel):
+class LlamaParams(BaseModel):
+    """The generation fields llama.cpp's `/completion` and `/infill` share,
+    with llama-server's defaults. `cache_prompt` (the prefix cache is always
+    on), `samplers` (the engine's chain is fixed), `id_slot`,
+    `t_max_prompt_ms` and `post_sampling_probs` are accepted and ignored."""
+
     model_config = ConfigDict(extra="ignore")
 
-    input_prefix: str
-    input_suffix: str
-    input_extra: list[InfillExtra] = Field(default_factory=list)
-    prompt: str = ""
     model: str | None = None
     n_predict: int = Field(default=-1, le=INT32_MAX)  # < 1: until the context is full
     t_max_predict_ms: int = 0  # <= 0: no limit
@@ -49,6 +51,17 @@ class InfillRequest(BaseModel):
     return_tokens: bool = False
     response_fields: list[str] | None = None
     priority: float | str | None = None
+    n_probs: int = Field(default=0, ge=0, le=20)
+    cache_prompt: bool = True
+    samplers: list[str] | str | None = None
+    id_slot: int = -1
+
+
+class InfillRequest(LlamaParams):
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[InfillExtra] = Field(default_factory=list)
+    prompt: str = ""
 
 
 class LineLimits:
@@ -95,8 +108,23 @@ class LineLimits:
 class InfillRun:
     """One infill answer: text, limits, counts and llama.cpp's result object."""
 
-    def __init__(self, body: InfillRequest, model_id: str, truncated: bool, n_ctx: int, prompt_text: str) -> None:
+    def __init__(
+        self,
+        body: LlamaParams,
+        model_id: str,
+        truncated: bool,
+        n_ctx: int,
+        prompt_text: str,
+        *,
+        index: int = 0,
+        tokenizer: Tokenizer | None = None,
+        n_predict: int | None = None,
+    ) -> None:
         self.body = body
+        self.n_predict = body.n_predict if n_predict is None else n_predict  # the server's --n-predict may cap it
+        self.index = index
+        self.tokenizer = tokenizer  # for `n_probs`
+        self.probs: list[dict[str, Any]] = []
         self.model_id = model_id
         self.truncated = truncated
         self.n_ctx = n_ctx
@@ -121,6 +149,8 @@ class InfillRun:
         now = time.monotonic()
         if event.token_ids:
             self.token_ids.extend(event.token_ids)
+            if self.tokenizer is not None and self.body.n_probs:
+                self.probs.extend(token_probs(self.tokenizer, p) for p in event.logprobs)
             self.first_token_at = self.first_token_at or now
         self.num_prompt_tokens = event.num_prompt_tokens or self.num_prompt_tokens
         if event.finished:
@@ -141,9 +171,10 @@ class InfillRun:
         limit_ms = self.body.t_max_predict_ms
         return limit_ms > 0 and self.lines.has_new_line and (now - self.first_token_at) * 1000 > limit_ms
 
-    def partial(self, piece: str) -> dict[str, Any]:
-        return {
-            "index": 0,
+    def partial(self, piece: str, num_probs: int = 0) -> dict[str, Any]:
+        """A streamed event with `piece`, and the probabilities of the last `num_probs` tokens."""
+        out: dict[str, Any] = {
+            "index": self.index,
             "content": piece,
             "tokens": [],
             "stop": False,
@@ -151,6 +182,9 @@ class InfillRun:
             "tokens_predicted": len(self.token_ids),
             "tokens_evaluated": self.num_prompt_tokens,
         }
+        if self.body.n_probs and num_probs:
+            out["completion_probabilities"] = self.probs[-num_probs:]
+        return out
 
     def result(self, *, streamed: bool = False) -> dict[str, Any]:
         """llama.cpp's final result object (content empty when streamed)."""
@@ -162,8 +196,8 @@ class InfillRun:
         prompt_n = max(0, self.num_prompt_tokens - num_cached)
         predicted_n = len(self.token_ids)
         body = self.body
-        out = {
-            "index": 0,
+        out: dict[str, Any] = {
+            "index": self.index,
             "content": "" if streamed else self.content,
             "tokens": [] if streamed or not body.return_tokens else self.token_ids,
             "id_slot": -1,
@@ -173,7 +207,7 @@ class InfillRun:
             "tokens_evaluated": self.num_prompt_tokens,
             "generation_settings": {
                 "n_ctx": self.n_ctx,
-                "n_predict": body.n_predict,
+                "n_predict": self.n_predict,
                 "temperature": body.temperature,
                 "top_k": body.top_k,
                 "top_p": body.top_p,
@@ -200,7 +234,39 @@ class InfillRun:
                 "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
             },
         }
+        if body.n_probs and not streamed:
+            out["completion_probabilities"] = self.probs
         return _select(out, body.response_fields) if body.response_fields else out
+
+
+def token_probs(tokenizer: Tokenizer, logprob: TokenLogprob) -> dict[str, Any]:
+    """One token of llama-server's `completion_probabilities`."""
+
+    def entry(token_id: int, value: float) -> dict[str, Any]:
+        piece = tokenizer.token_bytes(token_id)
+        text = piece.decode("utf-8", errors="replace")
+        return {"id": token_id, "token": text, "bytes": list(piece), "logprob": value}
+
+    out = entry(logprob.token_id, logprob.logprob)
+    out["top_logprobs"] = [entry(token_id, value) for token_id, value in logprob.top]
+    return out
+
+
+def sampling_of(body: LlamaParams) -> SamplingParams:
+    """The engine's parameters for a `/completion` or `/infill` body."""
+    return SamplingParams(
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        penalty_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
+        stop=tuple(s for s in body.stop if s),
+        ignore_eos=body.ignore_eos,
+    )
 
 
 def _stop_type(event: TokenEvent) -> str:

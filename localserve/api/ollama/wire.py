@@ -14,6 +14,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localserve.api.http_edge import BYTES_SENT, note_abandoned
 from localserve.engine.types import SamplingParams
 from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
@@ -296,7 +297,13 @@ class NdjsonWriter:
     async def send(self, obj: dict[str, Any]) -> None:
         if not self.response.prepared:
             await self.response.prepare(self.request)
-        await self.response.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:  # the client is gone
+            note_abandoned(self.request)
+            raise
+        self.request[BYTES_SENT] = self.request.get(BYTES_SENT, 0) + len(data)
 
 
 async def ollama_stream(

@@ -58,7 +58,7 @@ class ChatChunkFormat:
         out = []
         if index not in self._started:
             self._started.add(index)
-            out.append(self._chunk(index, {"role": "assistant", "content": ""}))
+            out.append(self._chunk(index, {"role": "assistant", "content": None}))  # as llama-server: no empty delta
         if isinstance(delta, TextDelta):
             out.append(self._chunk(index, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs)))
         elif isinstance(delta, ReasoningDelta):  # as llama-server and vLLM stream a model's thinking

@@ -54,7 +54,7 @@ from localserve.serving.types import (
 
 
 def register(app: web.Application) -> None:
-    for prefix in ("/v1", "/api/v1"):
+    for prefix in ("/v1", "/api/v1", ""):  # "": llama-server's unprefixed route
         add_routes(app, Route("POST", f"{prefix}/responses", create_response, ResponsesRequest, ResponseDoc))
 
 

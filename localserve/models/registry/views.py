@@ -17,6 +17,7 @@ from localserve.models.registry.records import LoadedModel, LoadedOneShot, Model
 
 #: The states in which a model answers the requests that hold it.
 SERVING = (RecordState.LOADED, RecordState.DRAINING)
+_COMING = (RecordState.PENDING, RecordState.LOADING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,13 @@ class RegistryViews:
     def loading(self) -> list[str]:
         """The models whose load has started and not ended, sorted."""
         return sorted(i for i, r in list(self.records.items()) if r.state in (RecordState.PENDING, RecordState.LOADING))
+
+    def sole_model(self, kind: ModelKind) -> str | None:
+        """The id of the only model of `kind` loaded or loading, else None:
+        where llama-server sends a request without a model or with a name it
+        does not serve (its one model)."""
+        ids = [i for i, r in list(self.records.items()) if r.kind == kind and r.state in SERVING + _COMING]
+        return ids[0] if len(ids) == 1 else None
 
     def is_loaded(self, model_id: str) -> bool:
         """`model_id` serves (loaded, or draining its answers in flight)."""

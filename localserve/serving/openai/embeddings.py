@@ -20,8 +20,8 @@ MAX_INPUTS = 2048  # as OpenAI
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    model: str = ""  # "": the only embeddings model this server runs (serving/models.py)
+    input: str | list[int] | list[str | list[int]]  # texts, token ids, or a list mixing both
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
@@ -48,7 +48,7 @@ class EmbeddingRequest(BaseModel):
         value = self.input
         if isinstance(value, str):
             return [value]
-        if value and isinstance(value[0], int):
+        if value and all(isinstance(x, int) for x in value):
             return [value]  # type: ignore[list-item]  # one token list
         return list(value)  # type: ignore[arg-type]
 
@@ -69,7 +69,7 @@ async def answer(host: ModelHost, body: EmbeddingRequest, *, arrays: bool = Fals
     else:
         encode = _float32 if arrays else _floats
     data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(result.vectors)]
-    return {"object": "list", "data": data, "model": body.model, "usage": usage_tokens(result.num_tokens)}
+    return {"object": "list", "data": data, "model": result.model_id, "usage": usage_tokens(result.num_tokens)}
 
 
 def _floats(vector: np.ndarray) -> list[float]:

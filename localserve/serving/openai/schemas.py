@@ -158,7 +158,7 @@ class SamplingFields(_Model):
         check_unicode(data)  # NotUnicodeError (400, naming the field) passes through pydantic as is
         return data
 
-    model: str = Field(min_length=1)
+    model: str = ""  # "": the only model of its kind this server runs (serving/models.py)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)

@@ -1,0 +1,168 @@
+"""llama-server's own endpoints on the real SmolLM2 (the shared server):
+`/completion` (and `/completions`), `/tokenize`, `/detokenize`,
+`/apply-template`, `/props`, `/slots`, the unprefixed OpenAI routes, the
+model-name fallback and the context-overflow fields."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
+
+KEY = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "The capital of France is"
+
+
+def post(server: ServerThread, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers=KEY, timeout=120)
+
+
+def complete(server: ServerThread, **body: Any) -> dict[str, Any]:
+    response = post(server, "/completion", {"n_predict": 8, "temperature": 0, **body})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def test_completion_answers_in_llama_servers_shape(server: ServerThread) -> None:
+    result = complete(server, prompt=PROMPT, return_tokens=True)
+    assert "Paris" in result["content"]
+    assert result["stop"] is True and result["model"] == MODEL_ID
+    assert result["stop_type"] in ("limit", "eos", "word")
+    assert result["tokens_predicted"] == result["timings"]["predicted_n"] == len(result["tokens"]) <= 8
+    assert result["tokens_evaluated"] == len(server.tokenize(PROMPT))
+    assert result["generation_settings"]["n_predict"] == 8
+    assert isinstance(result["has_new_line"], bool) and result["truncated"] is False
+    # The unprefixed /completions is the same native endpoint, as in llama-server.
+    again = post(server, "/completions", {"prompt": PROMPT, "n_predict": 8, "temperature": 0}).json()
+    assert again["content"] == result["content"]
+
+
+def test_completion_takes_token_ids_mixes_and_lists(server: ServerThread) -> None:
+    tokens = post(server, "/tokenize", {"content": PROMPT}).json()["tokens"]
+    text = complete(server, prompt=PROMPT)["content"]
+    assert complete(server, prompt=tokens)["content"] == text
+    both = post(server, "/completion", {"prompt": [tokens, PROMPT], "n_predict": 8, "temperature": 0}).json()
+    assert isinstance(both, list) and [r["content"] for r in both] == [text, text]
+    assert [r["index"] for r in both] == [0, 1]
+    head = server.tokenize("The capital of")
+    ids = [*head, *server.tokenize(" France is")]
+    mixed = complete(server, prompt=[*head, " France is"])  # ids and text in one prompt
+    assert mixed["tokens_evaluated"] == len(ids)
+    assert mixed["content"] == complete(server, prompt=ids)["content"]
+
+
+def test_completion_stream_events(server: ServerThread) -> None:
+    body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/completion", json=body, headers=KEY, timeout=120) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    *pieces, last = events
+    assert pieces and all(e["stop"] is False for e in pieces)
+    assert last["stop"] is True and last["timings"]["predicted_n"] == len(pieces)
+    assert "".join(e["content"] for e in pieces) == complete(server, prompt=PROMPT)["content"]
+
+
+def test_completion_n_probs(server: ServerThread) -> None:
+    result = complete(server, prompt=PROMPT, n_probs=3, n_predict=4)
+    probs = result["completion_probabilities"]
+    assert len(probs) == result["tokens_predicted"]
+    for entry in probs:
+        assert len(entry["top_logprobs"]) == 3
+        assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][-1]["logprob"]
+        assert entry["logprob"] <= 0 and isinstance(entry["token"], str) and isinstance(entry["bytes"], list)
+    assert probs[0]["id"] == probs[0]["top_logprobs"][0]["id"]  # greedy: the best one
+
+
+def test_tokenize_detokenize(server: ServerThread) -> None:
+    text = "What is the capital of France? 媽 🤗"
+    tokens = post(server, "/tokenize", {"content": text}).json()["tokens"]
+    assert tokens == server.tokenize(text)  # SmolLM2 adds no BOS
+    assert post(server, "/detokenize", {"tokens": tokens}).json() == {"content": text}
+    pieces = post(server, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == tokens
+    assert all(isinstance(p["piece"], str | list) and p["piece"] for p in pieces)
+    assert "".join(p["piece"] for p in pieces if isinstance(p["piece"], str)).startswith("What is")
+    bad = post(server, "/detokenize", {"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_apply_template(server: ServerThread) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    prompt = post(server, "/apply-template", {"messages": messages}).json()["prompt"]
+    assert "<|im_start|>user\nHi there<|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    bare = post(server, "/apply-template", {"messages": messages, "add_generation_prompt": False}).json()["prompt"]
+    assert not bare.endswith("<|im_start|>assistant\n")
+
+
+def test_props_and_slots(server: ServerThread) -> None:
+    props = httpx.get(f"{server.base_url}/props", headers=KEY).json()
+    assert props["total_slots"] == server.settings.parallel
+    assert props["default_generation_settings"]["n_ctx"] == server.settings.ctx_size
+    assert props["model_path"].endswith(".gguf") and "<|im_start|>" in props["chat_template"]
+    slots = httpx.get(f"{server.base_url}/slots", headers=KEY).json()
+    assert [s["id"] for s in slots] == list(range(server.settings.parallel))
+    assert all(s["n_ctx"] == server.settings.ctx_size for s in slots)
+    assert post(server, "/slots/0?action=erase", {}).json() == {"id_slot": 0, "n_erased": 0}
+    save = post(server, "/slots/0?action=save", {"filename": "x.bin"})
+    assert save.status_code == 501 and save.json()["error"]["type"] == "not_supported_error"
+
+
+def test_unprefixed_openai_routes(server: ServerThread) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)  # no /v1
+    assert [m.id for m in client.models.list()] == [MODEL_ID]
+    reply = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, temperature=0
+    )
+    assert reply.choices[0].message.content
+    response = client.responses.create(model=MODEL_ID, input="Say hi", max_output_tokens=16, temperature=0)
+    assert response.output_text
+
+
+def test_a_missing_or_foreign_model_name_means_the_only_model(server: ServerThread) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(
+        model="gpt-3.5-turbo", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
+    )
+    assert reply.model == MODEL_ID  # the answer names the model that served it
+    no_model = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert no_model.status_code == 200 and no_model.json()["model"] == MODEL_ID
+    weird = post(server, "/v1/completions", {"model": "not a name!", "prompt": "Hi", "max_tokens": 2})
+    assert weird.status_code == 200 and weird.json()["model"] == MODEL_ID
+
+
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[ServerThread]:
+    srv = ServerThread(make_settings(strict_model_names=True, parallel=2, kv_size=4096, threads=1)).start()
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_strict_model_names_keep_400_and_404(strict_server: ServerThread) -> None:
+    url = f"{strict_server.base_url}/v1/chat/completions"
+    messages = [{"role": "user", "content": "Hi"}]
+    unknown = httpx.post(url, json={"model": "gpt-3.5-turbo", "messages": messages, "max_tokens": 2})
+    assert unknown.status_code == 404
+    missing = httpx.post(url, json={"messages": messages, "max_tokens": 2})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+
+
+def test_context_overflow_carries_the_counts(server: ServerThread) -> None:
+    prompt = "word " * (server.settings.ctx_size + 10)
+    response = post(server, "/v1/completions", {"model": MODEL_ID, "prompt": prompt, "max_tokens": 2})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["n_ctx"] == server.settings.ctx_size
+    assert error["n_prompt_tokens"] == len(server.tokenize(prompt)) > error["n_ctx"]
+    native = post(server, "/completion", {"prompt": prompt, "n_predict": 2})
+    assert native.status_code == 400 and native.json()["error"]["n_ctx"] == server.settings.ctx_size
