@@ -24,9 +24,15 @@ class RequestModels:
     is the caller's, else the JSON body's; the request's metrics carry the
     model it used."""
 
-    def __init__(self, request: web.Request, *, keep_alive: Any = None) -> None:
+    def __init__(self, request: web.Request, *, keep_alive: Any = None, name_fallback: bool | None = None) -> None:
         self.request = request
         self.keep_alive = keep_alive
+        # llama-server's rule (serving/models.py) on its routes, OpenAI's and Anthropic's; not on
+        # Ollama's (`/api/...` but `/api/v1/...`): its clients pull a model they get a 404 for.
+        path = request.path
+        self.name_fallback = (
+            name_fallback if name_fallback is not None else not path.startswith("/api/") or path.startswith("/api/v1/")
+        )
 
     @property
     def registry(self) -> ModelRegistry:

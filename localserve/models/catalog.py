@@ -231,12 +231,12 @@ def catalog_variant(model_id: str) -> str:
 
 def variant_of(model_id: str, known_ids: Iterable[str] = ()) -> str | None:
     """The model `model_id` is an on-disk variant of (`all-minilm-l6-v2` for
-    `all-minilm-l6-v2-onnx-int8`): the longest other catalog or `known_ids`
+    `all-minilm-l6-v2-onnx-int8`): the shortest other catalog or `known_ids`
     id that it extends with `-SUFFIX`; None for a model of its own. Model
     pickers group a model's variants under it (`/v1/models`' `localserve` block)."""
     ids = set(load_catalog()) | set(known_ids)
     bases = [other for other in ids if other != model_id and model_id.startswith(other + "-")]
-    return max(bases, key=len) if bases else None
+    return min(bases, key=len) if bases else None  # the root: -onnx-int8 is all-minilm-l6-v2's, not -onnx's
 
 
 def option_layers(model_id: str, user_path: Path | None = None) -> tuple[ModelOptions, ModelOptions]:

@@ -36,6 +36,10 @@ class ModelHost(Protocol):
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate: ...
 
+    @property
+    def name_fallback(self) -> bool:
+        """May no model name, or one not served, mean the only model of its kind (llama-server's rule)?"""
+
     def found(self, model_id: str) -> None:
         """The call uses `model_id`, a model that exists (the server labels
         the request's metrics with it; made-up ids never get that far)."""
@@ -76,7 +80,7 @@ async def _hold(host: ModelHost, name: str, kind: ModelKind) -> str:
     name, or a name this server does not know (`gpt-4o-mini`), means the only
     model of that kind loaded, unless `--strict-model-names`."""
     registry = host.registry
-    sole = None if registry.settings.strict_model_names else registry.sole_model(kind)
+    sole = None if registry.settings.strict_model_names or not host.name_fallback else registry.sole_model(kind)
     if not name:
         if sole is None:
             if registry.starting:
@@ -158,6 +162,10 @@ class _CallModels:
         lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)
         self._leases.append(lease)
         return lease.model_id
+
+    @property
+    def name_fallback(self) -> bool:
+        return False  # in-process callers (`run`, `batch run`, the batch runner) name their models exactly
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
         return self._models.templates.get(model_id, tokenizer)

@@ -25,9 +25,12 @@ blocks, results in a user turn, as Qwen's template does).
   `MAX_PARALLEL_CALLS`: after each closed call the model either ends or
   writes a newline and the next call. This is OpenAI's contract ("one or
   more"), as vLLM serves it; llama.cpp's server instead defaults to one. A
-  model that was not trained on tool calls (SmolLM2) tends to go on to the
-  limit, repeating itself, so ask for `parallel_tool_calls: false` when one
-  call is what you want;
+  model that was not trained on tool calls (SmolLM2) tends to repeat its
+  call: a call identical to an earlier one of the same answer (same name,
+  same parsed arguments) is never returned, and the answer ends where it
+  starts (`tools_parse.ToolCallParser` holds every later call back until it
+  is complete; a later call cut off by `max_tokens` is dropped, and the
+  finish reason is `tool_calls` when a complete call came first);
 * `auto`: `root ::= calls | text`, where `text` is anything that does not
   start with `<` (after at most four spaces). The first character decides:
   `<` commits the model to a well-formed call, anything else to free text.

@@ -162,7 +162,7 @@ class ToolCallParser:
                 continue
             call = self.calls[delta.index]
             if any(_same_call(call, earlier) for earlier in self.calls[: delta.index]):
-                self.calls.pop()
+                del self.calls[delta.index :]  # the repeat, and whatever this text held after it
                 self._held.clear()
                 self.repeated = True
                 self.state = "ended"

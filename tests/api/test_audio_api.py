@@ -235,8 +235,8 @@ def test_missing_parts_and_wrong_models(http: httpx.Client, wav: Path) -> None:
     assert no_model.status_code == 400 and no_model.json()["error"]["param"] == "model"
     as_json = http.post("/v1/audio/transcriptions", json={"model": MODEL})
     assert as_json.status_code == 400 and "multipart" in as_json.json()["error"]["message"]
-    unknown = post(http, wav.read_bytes(), model="whisper-huge")
-    assert unknown.status_code == 404
+    # The only speech model serves a name it does not know, as llama-server does (issue 44).
+    assert post(http, wav.read_bytes(), model="whisper-huge").status_code == 200
 
 
 def _wav_bytes(samples: np.ndarray, rate: int) -> bytes:

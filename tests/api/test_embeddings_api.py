@@ -155,7 +155,6 @@ async def test_concurrent_requests_share_batches(server: ServerThread) -> None:
         ({"model": MODEL, "input": [101, 99999, 102]}, "input", "vocabulary"),
         ({"model": MODEL, "input": "word " * 600}, "input", "at most 512 tokens"),
         ({"model": MODEL, "input": "x", "priority": "urgent"}, "priority", "priority"),
-        ({"input": "x"}, "model", "Missing"),
     ],
 )
 def test_bad_requests_are_400s_naming_the_field(http: httpx.Client, body: dict, param: str, fragment: str) -> None:
@@ -166,9 +165,27 @@ def test_bad_requests_are_400s_naming_the_field(http: httpx.Client, body: dict, 
     assert error["type"] == "invalid_request_error"
 
 
-def test_an_unknown_model_is_a_404(http: httpx.Client) -> None:
-    response = http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
-    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+def test_no_or_an_unknown_model_means_the_only_embeddings_model(http: httpx.Client) -> None:
+    """As llama-server: one embeddings model serves `text-embedding-3-small` and no name alike."""
+    for body in ({"model": "text-embedding-3-small", "input": "x"}, {"input": "x"}):
+        response = http.post("/v1/embeddings", json=body)
+        assert response.status_code == 200 and response.json()["model"] == MODEL
+    # No chat model here to fall back to: an unknown chat model stays a 404.
+    chat = http.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
+
+
+def test_mixed_lists_and_llama_servers_native_embeddings(client: openai.OpenAI, http: httpx.Client) -> None:
+    text = "A man is eating food."
+    ids = [101, 1037, 2158, 2003, 5983, 2833, 1012, 102]
+    from_text = vectors(client.embeddings.create(model=MODEL, input=text))[0]
+    mixed = http.post("/v1/embeddings", json={"model": MODEL, "input": [text, ids]}).json()
+    np.testing.assert_allclose(mixed["data"][1]["embedding"], from_text, atol=1e-6)
+    for path, body in (("/embeddings", {"content": text}), ("/embedding", {"input": [text, ids]})):
+        native = http.post(path, json=body).json()  # [{index, embedding: [[...]]}], no model named
+        assert [item["index"] for item in native] == list(range(len(native)))
+        for item in native:
+            np.testing.assert_allclose(item["embedding"][0], from_text, atol=1e-6)
 
 
 def test_chat_on_an_embeddings_model_says_where_to_go(http: httpx.Client) -> None:
@@ -215,5 +232,6 @@ def test_metrics_count_requests_under_the_model(client: openai.OpenAI, http: htt
     client.embeddings.create(model=MODEL, input="counted")
     assert value(scrape(http), "localserve_requests_total", **labels) == before + 1
     # An unknown model is not a label value (clients could make up any number of them).
-    assert http.post("/v1/embeddings", json={"model": "no-such-model", "input": "x"}).status_code == 404
+    # With one embeddings model it answers (as llama-server); the count is under the model that served it.
+    assert http.post("/v1/embeddings", json={"model": "no-such-model", "input": "x"}).status_code == 200
     assert all(dict(key).get("model") != "no-such-model" for key in scrape(http)["localserve_requests_total"])

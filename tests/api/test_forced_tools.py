@@ -16,7 +16,6 @@ import anthropic
 import openai
 import pytest
 
-from localserve.serving.tools import MAX_PARALLEL_CALLS
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.api.test_tools import ASK, TOOLS, WEATHER, check_calls, matches
 
@@ -105,18 +104,62 @@ def test_required_without_parallel_calls_is_one_call(client: openai.OpenAI) -> N
     _one_call(reply, name=None)
 
 
-def test_required_with_parallel_calls_ends_at_the_limit(patient_client: openai.OpenAI) -> None:
-    """OpenAI's default: one or more calls. SmolLM2 repeats the call, so this
-    reply goes to the grammar's limit - and ends there, not at max_tokens."""
-    max_tokens = 800
-    reply = patient_client.chat.completions.create(
-        model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=max_tokens
-    )
+# Issue 44's repro: SmolLM2 repeats the call; parallel calls are allowed (the default).
+ISSUE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+REPEATING: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "What is the weather in Paris? Use celsius."}],
+    "tools": [ISSUE_TOOL],
+    "tool_choice": "required",
+    "temperature": 0,
+    "max_tokens": 96,
+}
+
+
+def test_required_with_parallel_calls_never_repeats_a_call(patient_client: openai.OpenAI) -> None:
+    """OpenAI's default: one or more calls. SmolLM2 starts the same call again;
+    the answer ends there, with the one call and `tool_calls` (never `length`),
+    whole and streamed alike, and `.parse()` takes it."""
+    reply = patient_client.chat.completions.create(model=MODEL_ID, **REPEATING)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert 1 <= len(choice.message.tool_calls) <= MAX_PARALLEL_CALLS
-    check_calls(choice.message.tool_calls, TOOLS)
-    assert reply.usage is not None and reply.usage.completion_tokens < max_tokens * 3 // 4
+    (call,) = choice.message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    with patient_client.chat.completions.stream(model=MODEL_ID, **REPEATING) as stream:
+        streamed = stream.get_final_completion()
+    assert streamed.choices[0].finish_reason == "tool_calls"
+    assert [json.loads(c.function.arguments) for c in streamed.choices[0].message.tool_calls] == [
+        json.loads(call.function.arguments)
+    ]
+    chunks = list(patient_client.chat.completions.create(model=MODEL_ID, stream=True, **REPEATING))
+    indexes = {c.index for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()}
+    assert indexes == {0}  # no delta of the repeated call went out
+    strict = {"type": "function", "function": {**ISSUE_TOOL["function"], "strict": True}}
+    strict["function"]["parameters"] = {**ISSUE_TOOL["function"]["parameters"], "additionalProperties": False}
+    parsed = patient_client.chat.completions.parse(model=MODEL_ID, **{**REPEATING, "tools": [strict]})
+    assert len(parsed.choices[0].message.tool_calls) == 1
+
+
+def test_a_call_cut_by_max_tokens_is_dropped(client: openai.OpenAI) -> None:
+    """One call is about 45 tokens: 70 hold the first and cut a second one; the
+    cut one is dropped and the finish reason says the calls are made."""
+    body = {**REPEATING, "max_tokens": 70}
+    reply = client.chat.completions.create(model=MODEL_ID, **body)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert len(reply.choices[0].message.tool_calls) == 1
+    chunks = list(client.chat.completions.create(model=MODEL_ID, stream=True, **body))
+    indexes = {call.index for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()} if chunks else set()
+    assert indexes == {0}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
 @pytest.mark.parametrize(
@@ -142,20 +185,24 @@ def test_anthropic_forced_tool_is_one_tool_use(claude: anthropic.Anthropic, choi
     assert message.usage.output_tokens < 64
 
 
-def test_anthropic_any_with_parallel_tool_use_ends_at_the_limit(patient_claude: anthropic.Anthropic) -> None:
-    with patient_claude.messages.stream(
-        model=MODEL_ID,
-        max_tokens=800,
-        messages=ASK,
-        tools=[TOOL],
-        tool_choice={"type": "any"},
-        extra_body={"temperature": 0},
-    ) as stream:
+def test_anthropic_any_with_parallel_tool_use_is_one_tool_use(patient_claude: anthropic.Anthropic) -> None:
+    """Anthropic's `any` with parallel tool use allowed, on issue 44's repro."""
+    body: dict[str, Any] = {
+        "model": MODEL_ID,
+        "max_tokens": 800,
+        "messages": REPEATING["messages"],
+        "tools": [{"name": "get_weather", "input_schema": ISSUE_TOOL["function"]["parameters"]}],
+        "tool_choice": {"type": "any"},
+        "extra_body": {"temperature": 0},
+    }
+    with patient_claude.messages.stream(**body) as stream:
         message = stream.get_final_message()
     assert message.stop_reason == "tool_use"
-    assert 1 <= len(message.content) <= MAX_PARALLEL_CALLS
-    assert all(block.type == "tool_use" and matches(TOOL["input_schema"], block.input) for block in message.content)
-    assert message.usage.output_tokens < 600
+    (block,) = message.content  # SmolLM2 repeats the call: the repeat ends the answer unsent
+    assert block.type == "tool_use" and block.input == {"city": "Paris", "unit": "celsius"}
+    assert message.usage.output_tokens < 200
+    whole = patient_claude.messages.create(**body)
+    assert whole.stop_reason == "tool_use" and [b.input for b in whole.content] == [block.input]
 
 
 def test_responses_named_function_is_one_call(client: openai.OpenAI) -> None:

@@ -248,7 +248,6 @@ def test_long_input_is_truncated_not_refused(fim_http: httpx.Client) -> None:
         ({"input_suffix": ""}, "input_prefix"),
         ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}, "input_extra[0].text"),
         ({"input_prefix": "", "input_suffix": "", "input_extra": {"text": "a"}}, "input_extra"),
-        ({"input_prefix": "", "input_suffix": "", "model": "nope"}, "model"),
     ],
 )
 def test_invalid_infill(fim_http: httpx.Client, body: dict, param: str) -> None:  # type: ignore[type-arg]

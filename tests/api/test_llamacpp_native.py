@@ -166,3 +166,25 @@ def test_context_overflow_carries_the_counts(server: ServerThread) -> None:
     assert error["n_prompt_tokens"] == len(server.tokenize(prompt)) > error["n_ctx"]
     native = post(server, "/completion", {"prompt": prompt, "n_predict": 2})
     assert native.status_code == 400 and native.json()["error"]["n_ctx"] == server.settings.ctx_size
+
+
+def test_v1_models_entries_carry_the_picker_block(server: ServerThread) -> None:
+    (entry,) = httpx.get(f"{server.base_url}/v1/models", headers=KEY).json()["data"]
+    assert entry["owned_by"] == "localserve"
+    assert entry["localserve"] == {"kind": "chat", "backend": "llamacpp", "loaded": True, "variant_of": None}
+    one = httpx.get(f"{server.base_url}/v1/models/{MODEL_ID}", headers=KEY).json()
+    assert one["localserve"] == entry["localserve"]
+    listed = httpx.get(f"{server.base_url}/v1/models?all=true", headers=KEY).json()["data"]
+    blocks = {item["id"]: item["localserve"] for item in listed}
+    assert all(set(block) == {"kind", "backend", "loaded", "variant_of"} for block in blocks.values())
+    assert sum(block["loaded"] for block in blocks.values()) == 1
+
+
+def test_variant_of_names_the_model_a_variant_belongs_to() -> None:
+    from localserve.models.catalog import variant_of
+
+    assert variant_of("all-minilm-l6-v2-onnx-int8") == "all-minilm-l6-v2"
+    assert variant_of("whisper-tiny.en-cpp") == "whisper-tiny.en"
+    assert variant_of("smollm2-135m-instruct") is None
+    assert variant_of("smollm2-360m-instruct") is None  # not a variant of the 135M one
+    assert variant_of("mine-openvino", ["mine"]) == "mine"

@@ -173,10 +173,13 @@ def test_streamed_tool_use(claude: anthropic.Anthropic) -> None:
 
 
 def test_errors_have_anthropic_shape_and_classes(claude: anthropic.Anthropic, server: ServerThread) -> None:
-    with pytest.raises(anthropic.NotFoundError) as missing:
-        claude.messages.create(model="no-such-model", max_tokens=4, messages=QUESTION)  # type: ignore[arg-type]
-    assert missing.value.status_code == 404
-    assert missing.value.body["type"] == "error" and missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    # A model this server does not serve is its only model, as llama-server answers Claude Code's names.
+    served = claude.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=QUESTION)  # type: ignore[arg-type]
+    assert served.model == MODEL_ID
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(model=MODEL_ID, max_tokens=-1, messages=QUESTION)  # type: ignore[arg-type]
+    assert bad.value.status_code == 400
+    assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     wrong = anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as denied:
         wrong.messages.create(model=MODEL_ID, max_tokens=4, messages=QUESTION)  # type: ignore[arg-type]

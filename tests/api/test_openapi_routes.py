@@ -17,6 +17,21 @@ from tests.tui.live import empty_app
 
 #: (method, path) of every operation, as the document listed them before the declarations.
 OPERATIONS = {
+    # llama-server's own and unprefixed routes (api/llamacpp/, issue 44)
+    ("GET", "/models"),
+    ("GET", "/models/{model_id}"),
+    ("GET", "/props"),
+    ("GET", "/slots"),
+    ("POST", "/apply-template"),
+    ("POST", "/chat/completions"),
+    ("POST", "/completion"),
+    ("POST", "/completions"),
+    ("POST", "/detokenize"),
+    ("POST", "/embedding"),
+    ("POST", "/embeddings"),
+    ("POST", "/responses"),
+    ("POST", "/slots/{id_slot}"),
+    ("POST", "/tokenize"),
     ("DELETE", "/api/delete"),
     ("DELETE", "/api/v1/files/{file_id}"),
     ("DELETE", "/api/v1/models/{model_id}"),

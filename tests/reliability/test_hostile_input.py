@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
+from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings, open_raw_stream, read_until
 from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 
 pytestmark = pytest.mark.slow
@@ -113,11 +113,30 @@ def test_malformed_http_gets_the_json_envelope_and_one_log_line(
 def test_each_request_gets_one_access_log_line(fuzz_server: ServerThread, server_log: pytest.LogCaptureFixture) -> None:
     with httpx.Client(base_url=fuzz_server.base_url, headers={**HEADERS, "User-Agent": "probe/1.0"}) as http:
         assert http.get("/v1/models?x=1").status_code == 200
-        assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+        assert http.get("/v1/models/nope").status_code == 404
     lines = [r.getMessage() for r in server_log.records if r.name == "aiohttp.access"]
     assert len(lines) == 2, lines
     assert re.fullmatch(r'127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 \d+ \d+\.\d{3}s "probe/1\.0"', lines[0])
-    assert re.fullmatch(r'127\.0\.0\.1 "POST /v1/embeddings HTTP/1\.1" 404 \d+ \d+\.\d{3}s "probe/1\.0"', lines[1])
+    assert re.fullmatch(r'127\.0\.0\.1 "GET /v1/models/nope HTTP/1\.1" 404 \d+ \d+\.\d{3}s "probe/1\.0"', lines[1])
+
+
+def test_an_abandoned_stream_gets_its_499_line(fuzz_server: ServerThread, server_log: pytest.LogCaptureFixture) -> None:
+    """A client that leaves mid-stream: one access-log line, status 499, with
+    the bytes sent, the time and the tokens it got (issue 44)."""
+    body = {"model": MODEL_ID, "max_tokens": 200, "stream": True, "messages": [{"role": "user", "content": "A story"}]}
+    sock = open_raw_stream(fuzz_server.port, "/v1/chat/completions", json.dumps(body).encode(), HEADERS)
+    assert b"data: " in read_until(sock, b'"content":"')
+    sock.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = [r.getMessage() for r in server_log.records if r.name == "aiohttp.access"]
+        if lines:
+            break
+        time.sleep(0.05)
+    assert len(lines) == 1, lines
+    assert re.fullmatch(
+        r'127\.0\.0\.1 "POST /v1/chat/completions HTTP/1\.1" 499 [1-9]\d* \d+\.\d{3}s "-" tokens=[1-9]\d*', lines[0]
+    ), lines[0]
 
 
 def test_gzip_body_that_is_not_gzip_is_a_400(fuzz_server: ServerThread, server_log: pytest.LogCaptureFixture) -> None:

@@ -55,7 +55,7 @@ def register(app: web.Application, environ: Mapping[str, str] = os.environ) -> N
 async def inject_fault(request: web.Request) -> web.Response:
     """Arm a fault for the next `steps` steps of `model`."""
     body = await parse_body(request, FaultRequest)
-    model_id = await hold_chat_model(RequestModels(request), body.model)
+    model_id = await hold_chat_model(RequestModels(request, name_fallback=False), body.model)
     backend = engine_of(request).backend(model_id)
     if not isinstance(backend, FaultInjectingBackend):  # loaded before `register` wrapped the engine's models
         raise InvalidRequestError(f"model {model_id!r} was loaded without fault injection", param="model")
