@@ -160,6 +160,11 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_PREFIX_CACHE_DISK": "2G",
         "LOCALSERVE_BATCH_DISK_TIMEOUT": "60",
         "LOCALSERVE_NO_UI": "yes",
+        "LOCALSERVE_STRICT_MODEL_NAMES": "true",
+        "LOCALSERVE_N_PREDICT": "64",
+        "LOCALSERVE_CHAT_TEMPLATE_FILE": "/t/chat.jinja",
+        "LOCALSERVE_NO_SLOTS": "1",
+        "LOCALSERVE_SLOT_SAVE_PATH": "/t/slots",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -196,6 +201,11 @@ def test_every_option_reads_its_env_var() -> None:
         prefix_cache_disk=2 << 30,
         batch_disk_timeout_s=60.0,
         no_ui=True,
+        strict_model_names=True,
+        n_predict=64,
+        chat_template_file="/t/chat.jinja",
+        no_slots=True,
+        slot_save_path="/t/slots",
     )
 
 

@@ -97,3 +97,14 @@ def test_cors_origin_setting(small_server: ServerThread) -> None:
     assert allowed.status_code == 200
     assert allowed.headers["Access-Control-Allow-Origin"] == "https://app.example"
     assert "Access-Control-Allow-Origin" not in preflight(small_server, "https://other.example").headers
+
+
+def test_cors_origins_as_llama_server_takes_them() -> None:
+    from localserve.api.security import OriginPolicy
+    from localserve.cli.options import settings_from_args
+
+    settings = settings_from_args(["--cors-origins", "https://a.example,https://b.example,localhost"], {})
+    policy = OriginPolicy(settings)
+    assert policy.allows("https://a.example", None) and policy.allows("https://b.example", None)
+    assert policy.allows("http://localhost:3000", None) and not policy.allows("https://c.example", None)
+    assert OriginPolicy(settings_from_args(["--cors-origins", "*"], {})).allows("https://c.example", None)
