@@ -114,7 +114,10 @@ def test_each_request_gets_one_access_log_line(fuzz_server: ServerThread, server
     with httpx.Client(base_url=fuzz_server.base_url, headers={**HEADERS, "User-Agent": "probe/1.0"}) as http:
         assert http.get("/v1/models?x=1").status_code == 200
         assert http.get("/v1/models/nope").status_code == 404
-    lines = [r.getMessage() for r in server_log.records if r.name == "aiohttp.access"]
+    deadline = time.monotonic() + 10  # aiohttp logs a line once the answer is out
+    while len(lines := [r.getMessage() for r in server_log.records if r.name == "aiohttp.access"]) < 2:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.02)
     assert len(lines) == 2, lines
     assert re.fullmatch(r'127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 \d+ \d+\.\d{3}s "probe/1\.0"', lines[0])
     assert re.fullmatch(r'127\.0\.0\.1 "GET /v1/models/nope HTTP/1\.1" 404 \d+ \d+\.\d{3}s "probe/1\.0"', lines[1])
