@@ -220,8 +220,6 @@ class Engine:
                 f"This model's maximum context length is {n_ctx} tokens; the prompt has {num_prompt} tokens. "
                 "Shorten the prompt or restart with a larger --ctx-size.",
                 param="messages",
-                n_prompt_tokens=num_prompt,
-                n_ctx=n_ctx,
             )
         num_waiting = model.worker.num_waiting  # as the scheduler counts them
         if num_waiting >= model.config.max_queue:

@@ -14,6 +14,7 @@ from types import TracebackType
 
 from localserve.backends.base import Tokenizer
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
+from localserve.errors import ContextLengthError
 from localserve.serving.generation import MergedStreams, event_error, submit_all
 from localserve.serving.models import ChatModel
 from localserve.serving.reasoning import REASONING, ReasoningFormat, ReasoningParser, split_reasoning
@@ -53,6 +54,7 @@ async def submit(
     check_logit_bias(options.sampling, model.tokenizer.vocab_size)
     choices: list[tuple[list[int], SamplingParams]] = []
     for prompt_ids in prompts:
+        _check_fits(prompt_ids, model.n_ctx, prompt_param)
         params = sampling_for(options, num_prompt_tokens=len(prompt_ids), n_ctx=model.n_ctx, grammar=grammar)
         choices.extend((prompt_ids, per_choice(params, i)) for i in range(options.num_choices))
     if grammar is not None:
@@ -64,6 +66,19 @@ async def submit(
     return Answer(
         model, answer_id, MergedStreams(streams), list(prompts), options.num_choices, plan, stops, truncated, reasoning
     )
+
+
+def _check_fits(prompt_ids: list[int], n_ctx: int, param: str) -> None:
+    """A prompt the context cannot hold: the 400 says both counts, as
+    llama-server's `exceed_context_size_error` (the engine refuses it too)."""
+    if len(prompt_ids) >= n_ctx:
+        raise ContextLengthError(
+            f"This model's maximum context length is {n_ctx} tokens; the prompt has {len(prompt_ids)} tokens. "
+            "Shorten the prompt or restart with a larger --ctx-size.",
+            param=param,
+            n_prompt_tokens=len(prompt_ids),
+            n_ctx=n_ctx,
+        )
 
 
 class ChoiceStream:

@@ -59,7 +59,7 @@ class MessageParam(_Model):
 class CountTokensRequest(_Model):
     """Body of `POST /v1/messages/count_tokens`: a request without `max_tokens`."""
 
-    model: str = ""  # "": the only model of its kind this server runs (serving/models.py)
+    model: str = Field(min_length=1)
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[ToolParam] | None = Field(default=None, max_length=MAX_TOOLS)

@@ -75,7 +75,7 @@ class ResponsesRequest(_Model):
         check_unicode(data)
         return data
 
-    model: str = ""  # "": the only model of its kind this server runs (serving/models.py)
+    model: str = Field(min_length=1)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
