@@ -41,7 +41,7 @@ from localserve.api.llamacpp import completion as native_completion
 from localserve.api.llamacpp import infill, native
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
 from localserve.api.ollama import routes as ollama
-from localserve.api.openai import audio, batches, embeddings, responses
+from localserve.api.openai import audio, batches, embeddings, rerank, responses
 from localserve.api.openai.batch_service import JOBS
 from localserve.api.openai.chat import chat_completions
 from localserve.api.openai.completions import completions
@@ -110,6 +110,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
     register_stats_routes(app)  # /api/v1/stats, /api/v1/stats/stream, /api/v1/unload
     models_admin.register(app)  # /api/v1/pull, /api/v1/load, /api/v1/loaded, DELETE models/{id}, Ollama's pull/rm/cp
     embeddings.register(app)  # /v1/embeddings
+    rerank.register(app)  # /v1/rerank (+ /rerank, /v2/rerank), /v1/score, /v1/classify
     audio.register(app)  # /v1/audio/transcriptions, /v1/audio/translations
     batches.register(app)  # /v1/files, /v1/batches, and the batch runner (after the models' lifecycle)
     responses.register(app)  # /v1/responses (OpenAI's Responses API, stateless)
@@ -218,8 +219,17 @@ def _oneshot_object(model_id: str, loaded: LoadedOneShot) -> dict[str, Any]:
             "num_params": info.num_params,
             "n_ctx_train": info.n_ctx_train,
             "labels": list(loaded.spec.labels),
+            **_rerank_method(loaded.kind),
         },
     }
+
+
+def _rerank_method(kind: ModelKind) -> dict[str, str]:
+    """How a model reranks (`/v1/rerank`), if it does: an embeddings model by
+    the cosine of its vectors (a bi-encoder), a rerank model by reading query
+    and document together (a cross-encoder)."""
+    methods = {ModelKind.EMBEDDINGS: "bi-encoder", ModelKind.RERANK: "cross-encoder"}
+    return {"rerank": methods[kind]} if kind in methods else {}
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -273,6 +283,7 @@ def _servable_object(row: dict[str, Any]) -> dict[str, Any]:
             "source": row["source"],
             "labels": row["labels"],
             "size_bytes": row["size_bytes"],
+            **_rerank_method(row["kind"]),
         },
     }
 

@@ -110,6 +110,47 @@ class EmbeddingList(_Doc):
     usage: Usage
 
 
+class RerankResult(_Doc):
+    index: int
+    relevance_score: float
+    document: dict[str, str] | None = None
+
+
+class RerankResults(_Doc):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+    meta: dict[str, Any]
+
+
+class Score(_Doc):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class Scores(_Doc):
+    object: Literal["list"]
+    model: str
+    data: list[Score]
+    usage: Usage
+
+
+class Classification(_Doc):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class Classifications(_Doc):
+    object: Literal["list"]
+    model: str
+    data: list[Classification]
+    usage: Usage
+
+
 class ResponseObject(_Doc):
     """OpenAI's Responses API `response` (`/v1/responses`)."""
 

@@ -13,7 +13,7 @@ from localserve.api.leases import use_model
 from localserve.api.state import REGISTRY, STATE
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
-from localserve.models.kinds import ModelKind
+from localserve.models.kinds import Kinds
 from localserve.models.registry import ModelRegistry
 from localserve.serving.models import LocalModels
 
@@ -38,7 +38,7 @@ class RequestModels:
     def registry(self) -> ModelRegistry:
         return self.request.app[REGISTRY]
 
-    async def hold(self, model_id: str, kind: ModelKind) -> str:
+    async def hold(self, model_id: str, kind: Kinds) -> str:
         return await use_model(self.request, model_id, kind=kind, keep_alive=self.keep_alive)
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from localserve.api.state import REGISTRY
 from localserve.errors import LocalServeError
-from localserve.models.kinds import ModelKind
+from localserve.models.kinds import Kinds
 from localserve.models.registry import Lease
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ async def release_leases_middleware(request: web.Request, handler: Any) -> web.S
             request.app[REGISTRY].release(lease)
 
 
-async def use_model(request: web.Request, model_id: str, *, kind: ModelKind | None, keep_alive: Any = None) -> str:
+async def use_model(request: web.Request, model_id: str, *, kind: Kinds | None, keep_alive: Any = None) -> str:
     """Load `model_id` if needed and hold it for this request; the id it is
     served under (`llama3.2` is `llama3.2:latest`). 400 bad id or kind, 404
     unknown, 503 no room."""

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: The endpoints a batch may target (the `url` of every input line).
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+BATCH_ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/rerank",
+    "/v1/score",
+    "/v1/classify",
+)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 #: Purposes a client may upload with (OpenAI's); outputs get `batch_output`.
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")

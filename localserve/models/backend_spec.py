@@ -18,6 +18,7 @@ from localserve.models.options import ResolvedOptions
 
 #: The kinds a backend serves, under the names plugins import (models/backend_registry.py).
 CHAT, EMBEDDINGS, TRANSCRIPTION = ModelKind.CHAT, ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
+RERANK, CLASSIFY = ModelKind.RERANK, ModelKind.CLASSIFY
 LLAMACPP = "llamacpp"
 
 
@@ -53,7 +54,9 @@ class BackendSpec:
     """One backend: what it serves, how it finds and opens models, what it needs."""
 
     name: str
-    kind: ModelKind  # CHAT, EMBEDDINGS or TRANSCRIPTION (a plugin's plain "embeddings" is read as one)
+    kind: (
+        ModelKind  # CHAT, EMBEDDINGS, TRANSCRIPTION, RERANK or CLASSIFY (a plugin's plain "embeddings" is read as one)
+    )
     open: Opener
     detect: Callable[[Path], bool] | None = None  # None: only when named (a catalog entry's `backend`)
     modules: tuple[str, ...] = ()  # importable modules it needs

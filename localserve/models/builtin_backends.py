@@ -16,8 +16,10 @@ from typing import Any
 from localserve.config import MODEL_DEFAULTS
 from localserve.models.backend_spec import (
     CHAT,
+    CLASSIFY,
     EMBEDDINGS,
     LLAMACPP,
+    RERANK,
     TRANSCRIPTION,
     BackendContext,
     BackendSpec,
@@ -51,6 +53,18 @@ def is_embedding_gguf(path: Path) -> bool:
 
 def is_sentence_transformers(path: Path) -> bool:
     return path.is_dir() and (path / "model.safetensors").is_file() and _config(path).get("model_type") == "bert"
+
+
+def is_sequence_classifier(kind: ModelKind) -> Any:
+    """A BERT `...ForSequenceClassification` folder: one label is a rerank
+    model (a cross-encoder), more a classify model."""
+
+    def detect(path: Path) -> bool:
+        from localserve.models.oneshot_classifier import classifier_kind
+
+        return path.is_dir() and classifier_kind(path) == kind
+
+    return detect
 
 
 def is_ct2_whisper(path: Path) -> bool:
@@ -159,6 +173,9 @@ def open_oneshot_builtin(kind: ModelKind) -> Any:
 
 _SPEECH = open_oneshot_builtin(TRANSCRIPTION)
 _EMBED = open_oneshot_builtin(EMBEDDINGS)
+_RERANK = open_oneshot_builtin(RERANK)
+_CLASSIFY = open_oneshot_builtin(CLASSIFY)
+_ONNX_MODULES = ("onnxruntime", "onnx", "tokenizers")
 
 BUILTIN_BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec(FASTER_WHISPER, TRANSCRIPTION, _SPEECH, is_ct2_whisper, ("faster_whisper", "av"), "speech"),
@@ -166,6 +183,12 @@ BUILTIN_BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec(
         OPENVINO, TRANSCRIPTION, _SPEECH, is_openvino_whisper_folder, ("openvino_genai", "av"), "openvino,speech"
     ),
+    # A sequence classifier (before embeddings: it is a BERT folder too), on
+    # ONNX Runtime, or on OpenVINO where its catalog entry names it (models/oneshot_classifier.py).
+    BackendSpec(ONNX, RERANK, _RERANK, is_sequence_classifier(RERANK), _ONNX_MODULES, "onnx"),
+    BackendSpec(ONNX, CLASSIFY, _CLASSIFY, is_sequence_classifier(CLASSIFY), _ONNX_MODULES, "onnx"),
+    BackendSpec(OPENVINO, RERANK, _RERANK, None, ("openvino", "onnx", "tokenizers"), "openvino"),
+    BackendSpec(OPENVINO, CLASSIFY, _CLASSIFY, None, ("openvino", "onnx", "tokenizers"), "openvino"),
     # A sentence-transformers folder: ONNX Runtime when installed, else llama.cpp (models/oneshot_embeddings.py).
     BackendSpec(AUTO, EMBEDDINGS, _EMBED, is_sentence_transformers, ("llama_cpp",)),
     BackendSpec(LLAMACPP, EMBEDDINGS, _EMBED, is_embedding_gguf, ("llama_cpp",)),

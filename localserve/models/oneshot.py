@@ -26,6 +26,8 @@ EMBEDDING_ARCHS = frozenset(
 BATCHING = {
     ModelKind.EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
     ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
+    ModelKind.RERANK: dict(max_batch_size=128, max_batch_tokens=8192),  # query-document pairs
+    ModelKind.CLASSIFY: dict(max_batch_size=128, max_batch_tokens=8192),
 }
 
 
@@ -45,6 +47,11 @@ def detect_labels(path: Path) -> tuple[str, ...]:
             return (ModelKind.TRANSCRIPTION,)
         if (path / "openvino_encoder_model.xml").is_file():  # an OpenVINO Whisper export
             return (ModelKind.TRANSCRIPTION,)
+        from localserve.models.oneshot_classifier import classifier_kind
+
+        kind = classifier_kind(path)  # before embeddings: a classifier is a BERT folder too
+        if kind is not None:
+            return (kind,)
         if (path / "model.safetensors").is_file() and config.get("model_type") == "bert":
             return (ModelKind.EMBEDDINGS,)
         return ()
@@ -101,6 +108,11 @@ def open_oneshot(kind: ModelKind, model_id: str, path: Path, settings: ServerSet
 
         speech_backend, loaded_path = open_speech(model_id, path, settings)
         return OneShotOpened(speech_backend, batching, loaded_path)
+    if kind in (ModelKind.RERANK, ModelKind.CLASSIFY):  # ONNX Runtime or OpenVINO (see oneshot_classifier.py)
+        from localserve.models.oneshot_classifier import open_classifier
+
+        classifier_backend, loaded_path = open_classifier(model_id, path, settings)
+        return OneShotOpened(classifier_backend, batching, loaded_path)
     raise InvalidRequestError(f"unknown one-shot model kind {kind!r}")
 
 

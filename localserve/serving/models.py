@@ -18,7 +18,7 @@ from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
-from localserve.models.kinds import ModelKind
+from localserve.models.kinds import Kinds, ModelKind
 from localserve.models.registry import Lease, LoadedOneShot, ModelRegistry
 from localserve.serving.prompts import TemplateCache
 
@@ -29,7 +29,7 @@ class ModelHost(Protocol):
     @property
     def registry(self) -> ModelRegistry: ...
 
-    async def hold(self, model_id: str, kind: ModelKind) -> str:
+    async def hold(self, model_id: str, kind: Kinds) -> str:
         """Load `model_id` if needed and keep it loaded until the call is
         over; the id it is served under (`llama3.2` is `llama3.2:latest`).
         400 bad id or kind, 404 unknown, 503 no room."""
@@ -66,16 +66,16 @@ async def hold_chat_model(host: ModelHost, model_id: str, *, load: bool = True) 
     return model_id
 
 
-async def hold_oneshot_model(host: ModelHost, model_id: str, kind: ModelKind) -> LoadedOneShot:
-    """A one-shot model (`kind` embeddings or transcription), loaded on demand
-    and held for this call; 503 while start-up loading may still bring it."""
+async def hold_oneshot_model(host: ModelHost, model_id: str, kind: Kinds) -> LoadedOneShot:
+    """A one-shot model of `kind` (or of one of several kinds), loaded on
+    demand and held for this call; 503 while start-up loading may still bring it."""
     model_id = await _hold(host, model_id, kind)
     model = host.registry.get_oneshot(model_id, kind)
     host.found(model_id)
     return model
 
 
-async def _hold(host: ModelHost, name: str, kind: ModelKind) -> str:
+async def _hold(host: ModelHost, name: str, kind: Kinds) -> str:
     """Hold model `name` of `kind`; its id. As llama-server with one model: no
     name, or a name this server does not know (`gpt-4o-mini`), means the only
     model of that kind loaded, unless `--strict-model-names`."""
@@ -158,7 +158,7 @@ class _CallModels:
     def registry(self) -> ModelRegistry:
         return self._models.registry
 
-    async def hold(self, model_id: str, kind: ModelKind) -> str:
+    async def hold(self, model_id: str, kind: Kinds) -> str:
         lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)
         self._leases.append(lease)
         return lease.model_id

@@ -165,11 +165,15 @@ def test_bad_keep_alive_values(value: object) -> None:
 
 def test_max_loaded_models_and_kinds() -> None:
     chat, embeddings, transcription = ModelKind.CHAT, ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION
-    assert parse_max_loaded_models("2") == {chat: 2, embeddings: 2, transcription: 2}
-    assert parse_max_loaded_models("chat=1,asr=0") == {chat: 1, embeddings: 3, transcription: 0}
-    assert parse_max_loaded_models("transcription=1") == {chat: 3, embeddings: 3, transcription: 1}
+    rerank, classify = ModelKind.RERANK, ModelKind.CLASSIFY
+    others = {rerank: 3, classify: 3}
+    assert parse_max_loaded_models("2") == {chat: 2, embeddings: 2, transcription: 2, rerank: 2, classify: 2}
+    assert parse_max_loaded_models("chat=1,asr=0") == {chat: 1, embeddings: 3, transcription: 0, **others}
+    assert parse_max_loaded_models("transcription=1") == {chat: 3, embeddings: 3, transcription: 1, **others}
+    assert parse_max_loaded_models("rerank=1")[rerank] == 1
     for bad in ("x", "chat=-1", "gpu=2", "chat"):
         with pytest.raises(ValueError):
             parse_max_loaded_models(bad)
     assert kind_of(("chat", "coding")) == chat
     assert kind_of(("embeddings",)) == embeddings and kind_of(("transcription",)) == transcription
+    assert kind_of(("rerank",)) == rerank and kind_of(("classify",)) == classify

@@ -12,6 +12,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -88,8 +89,6 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
     """Pooled, normalised sentence embeddings from one ONNX Runtime session."""
 
     def __init__(self, config: OnnxEmbeddingConfig) -> None:
-        import onnxruntime as ort
-
         path = Path(config.model_path)
         tokenizer_file = path.with_name(path.stem + ".tokenizer.json")
         if not path.is_file() or not tokenizer_file.is_file():
@@ -97,25 +96,7 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
                 f"{path} and its tokenizer {tokenizer_file.name} are needed; run `localserve convert`"
             )
         self.config = config
-        providers = session_providers(config.device, ort.get_available_providers())
-        options = ort.SessionOptions()
-        # Arena and memory pattern stay at ONNX Runtime's defaults
-        # (bench/onnx_settings.py: off gained nothing consistent). Spinning:
-        # the pool threads spin inside a run, where the next operator follows
-        # within microseconds, but stop at its end
-        # (`session.force_spinning_stop`). Left spinning after a run they
-        # burned 1.3-2.5 ms of CPU per short text served at 32 clients, on the
-        # cores the event loop, the HTTP clients and any chat model share.
-        # Served all-MiniLM-L6-v2 (int8), stopping against spinning on, 2
-        # alternating runs of 3 pairs each at load < 0.5: queries 1 client
-        # 1.08/1.21x, 32 clients 0.99/1.07x; passages 1 client 1.53/1.12x, 32
-        # clients 0.98/0.98x; server CPU per query at 32 clients 4.4-5.4 ms
-        # -> 2.8-3.4 ms. Spinning off altogether lost 0.8x at 1 client.
-        options.intra_op_num_threads = config.n_threads or os.cpu_count() or 1
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        self._session = ort.InferenceSession(str(path), options, providers=providers)
-        self._device = label(providers)
+        self._session, self._device = open_session(path, config.device, config.n_threads)
         self._open_tokenizer(tokenizer_file, config.max_input_tokens)
         self.n_embd = int(self._session.get_outputs()[0].shape[-1])
 
@@ -134,3 +115,27 @@ class OnnxEmbeddingBackend(PaddedEmbeddingBackend):
 
     def close(self) -> None:
         self._session = None
+
+
+def open_session(path: Path, device: str, n_threads: int) -> tuple[Any, str]:
+    """An ONNX Runtime session for an encoder graph, and its device's label."""
+    import onnxruntime as ort
+
+    providers = session_providers(device, ort.get_available_providers())
+    options = ort.SessionOptions()
+    # Arena and memory pattern stay at ONNX Runtime's defaults
+    # (bench/onnx_settings.py: off gained nothing consistent). Spinning:
+    # the pool threads spin inside a run, where the next operator follows
+    # within microseconds, but stop at its end
+    # (`session.force_spinning_stop`). Left spinning after a run they
+    # burned 1.3-2.5 ms of CPU per short text served at 32 clients, on the
+    # cores the event loop, the HTTP clients and any chat model share.
+    # Served all-MiniLM-L6-v2 (int8), stopping against spinning on, 2
+    # alternating runs of 3 pairs each at load < 0.5: queries 1 client
+    # 1.08/1.21x, 32 clients 0.99/1.07x; passages 1 client 1.53/1.12x, 32
+    # clients 0.98/0.98x; server CPU per query at 32 clients 4.4-5.4 ms
+    # -> 2.8-3.4 ms. Spinning off altogether lost 0.8x at 1 client.
+    options.intra_op_num_threads = n_threads or os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return ort.InferenceSession(str(path), options, providers=providers), label(providers)

@@ -11,10 +11,14 @@ beside it as `<stem>.tokenizer.json`.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from localserve.models.convert.bert_onnx_fused import FusedGraph
-from localserve.models.convert.bert_onnx_graph import Graph
+from localserve.models.convert.bert_onnx_graph import Graph, embeddings_properties
 from localserve.models.convert.bert_onnx_int8 import RowInt8Graph
 from localserve.models.convert.cache import (
     Progress,
@@ -46,22 +50,53 @@ def cached_onnx(
     if target.is_file() and tokenizer_path(target).is_file() and not force:
         return target
     write_atomically(tokenizer_path(target), lambda tmp: shutil.copyfile(model.path / "tokenizer.json", tmp))
-    return write_atomically(target, lambda tmp: _write_graph(model, tmp, _graph_class(variant), progress))
+    return write_atomically(target, lambda tmp: _write_graph(model, tmp, graph_class(variant), progress))
 
 
-def _graph_class(variant: str) -> type[Graph]:
+def graph_class(variant: str) -> type[Graph]:
     return {"fused": FusedGraph, "int8": RowInt8Graph}.get(variant, Graph)
+
+
+#: What follows the encoder: adds the graph's outputs, returns its ONNX metadata.
+Head = Callable[[Graph, str, int], dict[str, str]]
+
+
+def embeddings_head(model: SentenceTransformersModel) -> Head:
+    """The folder's pooling, then L2 normalisation if it has a `Normalize` module."""
+
+    def head(graph: Graph, x: str, hidden: int) -> dict[str, str]:
+        pooled = graph.pool(x, model.pooling)
+        graph.output(graph.normalize(pooled) if model.normalize else pooled, hidden)
+        return embeddings_properties(model)
+
+    return head
 
 
 def _write_graph(
     model: SentenceTransformersModel, path: Path, graph_class: type[Graph], progress: Progress | None
 ) -> None:
-    import onnx
     from safetensors.numpy import load_file
 
-    weights = load_file(str(model.weights))
-    graph = graph_class(weights)
-    c = model.config
+    write_encoder_graph(
+        model.config, load_file(str(model.weights)), path, graph_class, embeddings_head(model), progress
+    )
+
+
+def write_encoder_graph(
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    path: Path,
+    graph_class: type[Graph],
+    head: Head,
+    progress: Progress | None,
+    *,
+    token_types: bool = False,
+) -> None:
+    """BERT (`weights` named as `BertModel` names them), then `head`, saved as ONNX at `path`."""
+    import onnx
+
+    graph = graph_class(weights, token_types=token_types)
+    c = config
     num_layers, num_heads, hidden = int(c["num_hidden_layers"]), int(c["num_attention_heads"]), int(c["hidden_size"])
     eps = float(c.get("layer_norm_eps", 1e-12))
     x, mask = graph.embeddings(eps)
@@ -69,9 +104,7 @@ def _write_graph(
         if progress is not None:
             progress(f"encoder.layer.{layer}", layer, num_layers)
         x = graph.layer(x, mask, f"encoder.layer.{layer}", num_heads, hidden // num_heads, eps)
-    pooled = graph.pool(x, model.pooling)
-    graph.output(graph.normalize(pooled) if model.normalize else pooled, hidden)
-    onnx_model = graph.build(model)
+    onnx_model = graph.build(head(graph, x, hidden))
     onnx.checker.check_model(onnx_model)
     onnx.save(onnx_model, str(path))
     if progress is not None:

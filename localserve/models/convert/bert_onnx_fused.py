@@ -40,23 +40,30 @@ class FusedGraph(Graph):
         return outputs
 
     def embeddings(self, eps: float) -> tuple[str, str]:
-        """Word + position + token-type-0 embeddings, normalised, in one node;
+        """Word + position + token-type embeddings, normalised, in one node;
         and each row's length (`mask_index`, the mask summed: right padding).
-        Token type 0 is folded into the position table (both are constants)."""
+        Without `token_type_ids` type 0 is folded into the position table
+        (both are constants)."""
         from onnx import TensorProto
 
         w = self.w
-        positions = w["embeddings.position_embeddings.weight"] + w["embeddings.token_type_embeddings.weight"][0]
+        positions = w["embeddings.position_embeddings.weight"]
+        segments, segment_table = "", ""
+        if self.token_types:
+            segments = self.op("Cast", ["token_type_ids"], to=TensorProto.INT32)
+            segment_table = self.weight("embeddings.token_type_embeddings.weight")
+        else:
+            positions = positions + w["embeddings.token_type_embeddings.weight"][0]
         ids = self.op("Cast", ["input_ids"], to=TensorProto.INT32)
         mask = self.op("Cast", ["attention_mask"], to=TensorProto.INT32)
         x, mask_index = self.ms(
             "EmbedLayerNormalization",
             [
                 ids,
-                "",
+                segments,
                 self.weight("embeddings.word_embeddings.weight"),
-                self.const("position_plus_type0", positions.astype(np.float32)),
-                "",
+                self.const("positions" if self.token_types else "position_plus_type0", positions.astype(np.float32)),
+                segment_table,
                 self.weight("embeddings.LayerNorm.weight"),
                 self.weight("embeddings.LayerNorm.bias"),
                 mask,

@@ -19,11 +19,14 @@ class Graph:
 
     opset_domains: tuple[tuple[str, int], ...] = (("", OPSET),)
 
-    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, weights: dict[str, np.ndarray], *, token_types: bool = False) -> None:
         from onnx import helper
 
         self.h = helper
         self.w = weights
+        # With token_types the graph takes `token_type_ids` (a cross-encoder's
+        # two segments); without, every token is of type 0.
+        self.token_types = token_types
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.outputs: list[Any] = []
@@ -62,8 +65,9 @@ class Graph:
         )
 
     def embeddings(self, eps: float) -> tuple[str, str]:
-        """Word + position + token-type-0 embeddings, normalised; and the
-        additive attention bias (0 for tokens, -1e4 for padding)."""
+        """Word + position + token-type embeddings (type 0 unless the graph
+        takes `token_type_ids`), normalised; and the additive attention bias
+        (0 for tokens, -1e4 for padding)."""
         words = self.op("Gather", [self.weight("embeddings.word_embeddings.weight"), "input_ids"])
         num_tokens = self.op(
             "Slice", ["input_shape_of", self.const("one", np.array([1])), self.const("two", np.array([2]))]
@@ -73,7 +77,12 @@ class Graph:
             "Slice",
             [self.weight("embeddings.position_embeddings.weight"), self.const("zero", np.array([0])), num_tokens],
         )
-        token_type = self.const("token_type_0", self.w["embeddings.token_type_embeddings.weight"][0].astype(np.float32))
+        if self.token_types:
+            token_type = self.op("Gather", [self.weight("embeddings.token_type_embeddings.weight"), "token_type_ids"])
+        else:
+            token_type = self.const(
+                "token_type_0", self.w["embeddings.token_type_embeddings.weight"][0].astype(np.float32)
+            )
         x = self.op("Add", [self.op("Add", [words, positions]), token_type])
         x = self.norm(x, "embeddings.LayerNorm", eps)
         mask = self.op("Cast", ["attention_mask"], to=1)  # float
@@ -124,6 +133,16 @@ class Graph:
         count = self.op("Max", [count, self.const("tiny", np.array(1e-9, np.float32))])
         return self.op("Div", [summed, count])
 
+    def classify(self, x: str, num_labels: int) -> None:
+        """A sequence classifier's head, as `BertForSequenceClassification`:
+        the [CLS] row through the pooler (dense + tanh), then the classifier
+        layer; output `logits` [batch, num_labels]."""
+        from onnx import TensorProto
+
+        pooled = self.op("Tanh", [self.linear(self.pool(x, "cls"), "pooler.dense")])
+        self.nodes.append(self.h.make_node("Identity", [self.linear(pooled, "classifier")], ["logits"]))
+        self.outputs.append(self.h.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", num_labels]))
+
     def normalize(self, x: str) -> str:
         length = self.op("ReduceL2", [x], axes=[-1], keepdims=1)  # axes an attribute until opset 18
         return self.op("Div", [x, self.op("Max", [length, self.const("eps_norm", np.array(1e-12, np.float32))])])
@@ -134,13 +153,14 @@ class Graph:
         self.nodes.append(self.h.make_node("Identity", [x], ["embeddings"]))
         self.outputs.append(self.h.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", hidden]))
 
-    def build(self, model: SentenceTransformersModel) -> Any:
+    def build(self, properties: dict[str, str]) -> Any:
+        """The ONNX model, with `properties` as its metadata (`localserve.kind`, ...)."""
         from onnx import TensorProto
 
-        inputs = [
-            self.h.make_tensor_value_info(name, TensorProto.INT64, ["batch", "tokens"])
-            for name in ("input_ids", "attention_mask")
-        ]
+        names = (
+            ("input_ids", "attention_mask", "token_type_ids") if self.token_types else ("input_ids", "attention_mask")
+        )
+        inputs = [self.h.make_tensor_value_info(name, TensorProto.INT64, ["batch", "tokens"]) for name in names]
         graph = self.h.make_graph(self.nodes, "sentence_embeddings", inputs, self.outputs, self.inits)
         onnx_model = self.h.make_model(
             graph,
@@ -148,12 +168,14 @@ class Graph:
             producer_name="localserve",
         )
         onnx_model.ir_version = 8
-        self.h.set_model_props(
-            onnx_model,
-            {
-                "localserve.kind": "embeddings",
-                "localserve.pooling": model.pooling,
-                "localserve.normalize": str(model.normalize),
-            },
-        )
+        self.h.set_model_props(onnx_model, properties)
         return onnx_model
+
+
+def embeddings_properties(model: SentenceTransformersModel) -> dict[str, str]:
+    """What an embeddings graph computes after BERT (its ONNX metadata)."""
+    return {
+        "localserve.kind": "embeddings",
+        "localserve.pooling": model.pooling,
+        "localserve.normalize": str(model.normalize),
+    }

@@ -32,18 +32,18 @@ def cached_openvino_embeddings(
     if target.is_file() and target.with_suffix(".bin").is_file() and tokenizer_path(target).is_file() and not force:
         return target
     onnx_path = cached_onnx(source, name, force=force, progress=progress)
-    _save_ir(onnx_path, target, pooling=model.pooling, normalize=model.normalize)
+    save_ir(onnx_path, target, {POOLING_KEY: model.pooling, NORMALIZE_KEY: str(model.normalize)})
     return target
 
 
-def _save_ir(onnx_path: Path, target: Path, *, pooling: str, normalize: bool) -> None:
-    """Convert and write the IR pair into place; the .xml moves last, so a
-    reader that finds it finds its .bin and tokenizer too."""
+def save_ir(onnx_path: Path, target: Path, rt_info: dict[tuple[str, str], str]) -> None:
+    """Convert and write the IR pair, with `rt_info`, into place; the .xml
+    moves last, so a reader that finds it finds its .bin and tokenizer too."""
     import openvino as ov
 
     model = ov.convert_model(str(onnx_path))
-    model.set_rt_info(pooling, list(POOLING_KEY))
-    model.set_rt_info(str(normalize), list(NORMALIZE_KEY))
+    for key, value in rt_info.items():
+        model.set_rt_info(value, list(key))
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{target.stem}.", dir=target.parent) as tmp:
         xml = Path(tmp) / target.name

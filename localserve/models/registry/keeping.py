@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from localserve.errors import InvalidRequestError, QueueFullError
-from localserve.models.kinds import ROUTES, ModelKind
+from localserve.models.kinds import ROUTES, Kinds, ModelKind, kind_in, kinds_text
 from localserve.models.policy import format_keep_alive
 from localserve.models.registry.records import ModelRecord, RecordState
 
@@ -185,11 +185,13 @@ class Keeper:
         self._changed.clear()
 
 
-def check_kind(model_id: str, kind: ModelKind, wanted: ModelKind | None) -> None:
+def check_kind(model_id: str, kind: ModelKind, wanted: Kinds | None) -> None:
     """400 when a request for a `wanted` model names a model of another kind."""
-    if wanted is not None and kind != wanted:
+    if not kind_in(kind, wanted):
+        assert wanted is not None
         raise InvalidRequestError(
-            f"model {model_id!r} is a {kind} model, not a {wanted} model; use {ROUTES[kind]}", param="model"
+            f"model {model_id!r} is {kinds_text(kind)} model, not {kinds_text(wanted)} model; use {ROUTES[kind]}",
+            param="model",
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from localserve.engine.batcher_stats import BatcherSnapshot
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
-from localserve.models.kinds import ROUTES, ModelKind
+from localserve.models.kinds import ROUTES, Kinds, ModelKind, kind_in, kinds_text
 from localserve.models.policy import FOREVER, format_keep_alive
 from localserve.models.registry.records import LoadedModel, LoadedOneShot, ModelRecord, RecordState
 
@@ -52,11 +52,11 @@ class RegistryViews:
         """The models whose load has started and not ended, sorted."""
         return sorted(i for i, r in list(self.records.items()) if r.state in (RecordState.PENDING, RecordState.LOADING))
 
-    def sole_model(self, kind: ModelKind) -> str | None:
+    def sole_model(self, kind: Kinds) -> str | None:
         """The id of the only model of `kind` loaded or loading, else None:
         where llama-server sends a request without a model or with a name it
         does not serve (its one model)."""
-        ids = [i for i, r in list(self.records.items()) if r.kind == kind and r.state in SERVING + _COMING]
+        ids = [i for i, r in list(self.records.items()) if kind_in(r.kind, kind) and r.state in SERVING + _COMING]
         return ids[0] if len(ids) == 1 else None
 
     def is_loaded(self, model_id: str) -> bool:
@@ -80,19 +80,24 @@ class RegistryViews:
             f"The model {model_id!r} does not exist or is not loaded (loaded: {known})", param="model"
         )
 
-    def get_oneshot(self, model_id: str, kind: ModelKind) -> LoadedOneShot:
-        """A loaded one-shot model of `kind`; 503 while loading, 400 for the wrong kind, else 404."""
+    def get_oneshot(self, model_id: str, kind: Kinds) -> LoadedOneShot:
+        """A loaded one-shot model of `kind` (or of one of them); 503 while
+        loading, 400 for the wrong kind, else 404."""
         record = self.records.get(model_id)
         model = record.model if record is not None and record.state in SERVING else None
-        if isinstance(model, LoadedOneShot) and model.kind == kind:
+        if isinstance(model, LoadedOneShot) and kind_in(model.kind, kind):
             return model
         if model is not None:
-            what = model.kind if isinstance(model, LoadedOneShot) else "chat/completions"
-            raise InvalidRequestError(f"model {model_id!r} is a {what} model, not a {kind} model", param="model")
+            what = model.kind if isinstance(model, LoadedOneShot) else ModelKind.CHAT
+            raise InvalidRequestError(
+                f"model {model_id!r} is {kinds_text(what)} model, not {kinds_text(kind)} model", param="model"
+            )
         if record is not None and record.state in (RecordState.PENDING, RecordState.LOADING):
             raise ModelLoadingError(f"model {model_id!r} is still loading; retry in a moment")
-        known = ", ".join(sorted(m for m, o in self.oneshot.items() if o.kind == kind)) or "none"
-        raise ModelNotFoundError(f"The {kind} model {model_id!r} is not loaded (loaded: {known})", param="model")
+        known = ", ".join(sorted(m for m, o in self.oneshot.items() if kind_in(o.kind, kind))) or "none"
+        raise ModelNotFoundError(
+            f"The {kinds_text(kind, article=False)} model {model_id!r} is not loaded (loaded: {known})", param="model"
+        )
 
     def load_report(self, model_id: str) -> dict[str, object]:
         """The effective options of a loaded generative model, as JSON ({} if unknown)."""

@@ -27,7 +27,7 @@ from localserve.errors import LocalServeError, QueueFullError
 from localserve.jobs.types import LineResult, new_id
 from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels, ModelHost
-from localserve.serving.openai import chat, completions, embeddings, responses
+from localserve.serving.openai import chat, completions, embeddings, rerank, responses
 from localserve.serving.openai.responses_request import ResponsesRequest
 from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.serving.validation import from_validation_error
@@ -64,12 +64,32 @@ async def _embeddings(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
     return new_id("req_"), await embeddings.answer(host, embeddings.EmbeddingRequest.model_validate(data))
 
 
+async def _rerank(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
+    answer = await rerank.rerank(host, rerank.RerankRequest.model_validate(data))
+    return answer["id"], answer
+
+
+async def _score(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
+    answer = await rerank.score(host, rerank.ScoreRequest.model_validate(data))
+    return answer["id"], answer
+
+
+async def _classify(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
+    answer = await rerank.classify_texts(host, rerank.ClassifyBody.model_validate(data))
+    return answer["id"], answer
+
+
 LINE_HANDLERS: dict[str, LineHandler] = {
     "/v1/chat/completions": _chat,
     "/v1/completions": _completion,
     "/v1/embeddings": _embeddings,
     "/v1/responses": _responses,
+    "/v1/rerank": _rerank,
+    "/v1/score": _score,
+    "/v1/classify": _classify,
 }
+#: One-shot endpoints: their lines go to a model's micro-batcher, which groups them.
+ONESHOT_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/classify"})
 
 
 def batch_priority(value: Any) -> Any:
@@ -112,7 +132,7 @@ class ServingLineExecutor:
         targets, `engine/batch_policy.py`)."""
         if self.concurrency:
             return self.concurrency
-        if endpoint == "/v1/embeddings":
+        if endpoint in ONESHOT_ENDPOINTS:
             return EMBEDDING_IN_FLIGHT
         engine = self.models.registry.engine
         if not model or not engine.has_model(model):
