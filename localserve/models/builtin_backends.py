@@ -55,14 +55,21 @@ def is_sentence_transformers(path: Path) -> bool:
     return path.is_dir() and (path / "model.safetensors").is_file() and _config(path).get("model_type") == "bert"
 
 
-def is_sequence_classifier(kind: ModelKind) -> Any:
-    """A BERT `...ForSequenceClassification` folder: one label is a rerank
-    model (a cross-encoder), more a classify model."""
+def is_rank_gguf(kind: ModelKind) -> Any:
+    return is_sequence_classifier(kind, folder=False)
+
+
+def is_sequence_classifier(kind: ModelKind, *, folder: bool) -> Any:
+    """A BERT `...ForSequenceClassification` folder, or an encoder GGUF with
+    rank pooling: one label is a rerank model (a cross-encoder), more a
+    classify model."""
 
     def detect(path: Path) -> bool:
         from localserve.models.oneshot_classifier import classifier_kind
 
-        return path.is_dir() and classifier_kind(path) == kind
+        if path.is_dir() != folder or (not folder and not is_gguf(path)):
+            return False
+        return classifier_kind(path) == kind
 
     return detect
 
@@ -185,8 +192,10 @@ BUILTIN_BACKENDS: tuple[BackendSpec, ...] = (
     ),
     # A sequence classifier (before embeddings: it is a BERT folder too), on
     # ONNX Runtime, or on OpenVINO where its catalog entry names it (models/oneshot_classifier.py).
-    BackendSpec(ONNX, RERANK, _RERANK, is_sequence_classifier(RERANK), _ONNX_MODULES, "onnx"),
-    BackendSpec(ONNX, CLASSIFY, _CLASSIFY, is_sequence_classifier(CLASSIFY), _ONNX_MODULES, "onnx"),
+    BackendSpec(ONNX, RERANK, _RERANK, is_sequence_classifier(RERANK, folder=True), _ONNX_MODULES, "onnx"),
+    BackendSpec(ONNX, CLASSIFY, _CLASSIFY, is_sequence_classifier(CLASSIFY, folder=True), _ONNX_MODULES, "onnx"),
+    BackendSpec(LLAMACPP, RERANK, _RERANK, is_rank_gguf(RERANK), ("llama_cpp",)),
+    BackendSpec(LLAMACPP, CLASSIFY, _CLASSIFY, is_rank_gguf(CLASSIFY), ("llama_cpp",)),
     BackendSpec(OPENVINO, RERANK, _RERANK, None, ("openvino", "onnx", "tokenizers"), "openvino"),
     BackendSpec(OPENVINO, CLASSIFY, _CLASSIFY, None, ("openvino", "onnx", "tokenizers"), "openvino"),
     # A sentence-transformers folder: ONNX Runtime when installed, else llama.cpp (models/oneshot_embeddings.py).

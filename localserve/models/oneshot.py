@@ -56,7 +56,9 @@ def detect_labels(path: Path) -> tuple[str, ...]:
             return (ModelKind.EMBEDDINGS,)
         return ()
     if path.suffix.lower() == ".gguf" and gguf_architecture(path) in EMBEDDING_ARCHS:
-        return (ModelKind.EMBEDDINGS,)
+        from localserve.models.oneshot_classifier import classifier_kind
+
+        return (classifier_kind(path) or ModelKind.EMBEDDINGS,)  # a rank-pooled GGUF reranks
     if path.suffix.lower() == ".bin":
         from localserve.models.convert.whisper import is_ggml_whisper
 

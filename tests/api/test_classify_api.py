@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from localserve.models.convert.bert_classifier import cached_classifier_gguf
 from tests.api.harness import ServerThread, make_settings
 from tests.fixtures.bert_classifier import LABELS_3, reference_logits, write_classifier
 
@@ -42,7 +43,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, folders: tuple[Path, Path])
     ce, cls = folders
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("localserve-home")))
-        srv = ServerThread(make_settings(models=[f"ce={ce}", f"cls={cls}"], threads=1)).start()
+        gguf = cached_classifier_gguf(ce, "ce-gguf")  # a GGUF with rank pooling, as llama.cpp's rerankers are
+        models = [f"ce={ce}", f"cls={cls}", f"ce-gguf={gguf}"]
+        srv = ServerThread(make_settings(models=models, threads=1)).start()
         try:
             srv.wait_healthy(timeout=180)
             yield srv
@@ -65,6 +68,15 @@ def test_rerank_ranks_by_transformers_scores(http: httpx.Client, folders: tuple[
     assert body["meta"]["method"] == "cross-encoder"
     scores = http.post("/v1/score", json={"model": "ce", "text_1": QUERY, "text_2": DOCUMENTS}).json()["data"]
     assert max(abs(d["score"] - expected[d["index"]]) for d in scores) < 1e-4
+
+
+def test_a_gguf_reranker_serves_on_llama_cpp(http: httpx.Client, folders: tuple[Path, Path]) -> None:
+    logits = reference_logits(folders[0], [QUERY] * len(DOCUMENTS), DOCUMENTS, type_zero=True)[:, 0]
+    body = http.post("/v1/rerank", json={"model": "ce-gguf", "query": QUERY, "documents": DOCUMENTS}).json()
+    assert [r["index"] for r in body["results"]] == list(np.argsort(-logits)), body
+    assert body["meta"]["method"] == "cross-encoder"
+    stats = http.get("/api/v1/stats").json()["one_shot"]["ce-gguf"]
+    assert stats["backend"] == "llamacpp" and stats["padding_free"] is True
 
 
 def test_classify_answers_the_labels_and_probabilities(http: httpx.Client, folders: tuple[Path, Path]) -> None:

@@ -132,3 +132,36 @@ def test_long_pairs_cut_the_document_only(home: Path, cross_encoder: Path) -> No
     with pytest.raises(ContextLengthError, match="query is too long"):
         backend.encode(long_doc, "x", truncate=True, param="documents[0]")
     assert backend.encode(QUERY, "short", truncate=True, param="documents[0]")[1] is False
+
+
+def test_a_rank_pooled_gguf_on_llama_cpp_matches_transformers(
+    home: Path, cross_encoder: Path, three_labels: Path
+) -> None:
+    """llama.cpp adds token type 0 to every token of a BERT: against
+    transformers fed type 0 too. A float32 GGUF, but ggml's CPU GELU reads a
+    float16 table, so logits agree to about 1e-2 (ranks and labels exactly)."""
+    from localserve.backends.llamacpp.classifier import LlamaClassifierBackend
+    from localserve.backends.llamacpp.embeddings import LlamaEmbeddingConfig
+    from localserve.models.convert.bert_classifier import cached_classifier_gguf
+    from localserve.models.oneshot import detect_labels
+
+    def backend(folder: Path) -> LlamaClassifierBackend:
+        path = cached_classifier_gguf(folder, f"gguf-{folder.name}")
+        assert detect_labels(path) == detect_labels(folder)  # rerank / classify, from the GGUF's pooling
+        return LlamaClassifierBackend(LlamaEmbeddingConfig(str(path), n_threads=1))
+
+    expected = reference_logits(cross_encoder, [QUERY] * len(PASSAGES), PASSAGES, type_zero=True)
+    llama = backend(cross_encoder)
+    assert llama.labels == ("LABEL_0",) and llama.padding_free
+    items = [llama.encode(QUERY, p, truncate=True, param="documents")[0] for p in PASSAGES]
+    got = np.stack(llama.run(items))
+    np.testing.assert_allclose(got, expected, atol=2e-2)
+    assert list(np.argsort(-got[:, 0])) == list(np.argsort(-expected[:, 0]))
+    together, alone = np.stack(llama.run(items)), np.stack([llama.run([i])[0] for i in items])
+    np.testing.assert_allclose(together, alone, atol=5e-3)  # ggml picks its matmul kernels by batch shape
+    llama3 = backend(three_labels)
+    assert llama3.labels == LABELS_3
+    got3 = np.stack(llama3.run([llama3.encode(p, None, truncate=True, param="input")[0] for p in PASSAGES]))
+    expected3 = reference_logits(three_labels, PASSAGES, type_zero=True)
+    np.testing.assert_allclose(got3, expected3, atol=2e-2)
+    assert list(got3.argmax(axis=1)) == list(expected3.argmax(axis=1))

@@ -31,6 +31,7 @@ POOLING = {
     "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
     "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
     "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+    "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK,  # a classifier's head: logits, not a vector (classifier.py)
 }
 _POOLING_NAMES = {v: k for k, v in POOLING.items() if k != "model"}
 NORMALIZE_KEY = b"localserve.embedding.normalize"
@@ -56,6 +57,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
     """Pooled sentence embeddings from one llama.cpp context."""
 
     padding_free = True
+    ranks = False  # True in the subclass that reads a rank-pooled classifier's logits
 
     # The native objects: made by __init__ and _open_context, None once freed.
     _model: llama_cpp.llama_model_p | None
@@ -112,6 +114,9 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
                 f"{cfg.model_path} has no pooling for sentence embeddings; load it with pooling mean, cls or last"
             )
         self.pooling = _POOLING_NAMES[pooling]
+        if (self.pooling == "rank") != self.ranks:
+            what = "a reranker (rank pooling); serve it for /v1/rerank" if not self.ranks else "not a reranker"
+            raise InvalidRequestError(f"{cfg.model_path} is {what}")
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._encoder_only = bool(llama_cpp.llama_model_has_encoder(model)) and not bool(
             llama_cpp.llama_model_has_decoder(model)

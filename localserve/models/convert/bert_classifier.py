@@ -120,6 +120,17 @@ def cached_classifier_onnx(
     return write_atomically(target, write)
 
 
+def cached_classifier_gguf(source: Path, name: str, *, force: bool = False, progress: Progress | None = None) -> Path:
+    """The GGUF (llama.cpp's `bert` with rank pooling) of the classifier folder `source`."""
+    from localserve.models.convert.cache import convert_bert_to_gguf
+
+    model = read_classifier(source)
+    target = store_target(model.as_store_model(), name, "classifier-f32.gguf")
+    if target.is_file() and not force:
+        return target
+    return convert_bert_to_gguf(model.as_store_model(), target, progress=progress, labels=model.labels)
+
+
 def cached_classifier_openvino(source: Path, name: str, *, force: bool = False) -> Path:
     """The OpenVINO IR (.xml) of the classifier folder `source`: its plain
     ONNX graph through OpenVINO's ONNX frontend, weights kept in float32."""

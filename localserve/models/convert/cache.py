@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 _F32_TENSORS = ("position_embd.weight", "token_types.weight")
 # Weights llama.cpp does not use for embeddings (BERT's pooler, MLM heads).
 _SKIPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+# A sequence classifier's head, as llama.cpp's rank pooling applies it: tanh(cls(x_CLS)), then cls.output.
+_CLASSIFIER_HEAD = {
+    "pooler.dense.weight": "cls.weight",
+    "pooler.dense.bias": "cls.bias",
+    "classifier.weight": "cls.output.weight",
+    "classifier.bias": "cls.output.bias",
+}
 
 
 def model_store() -> Path:
@@ -157,9 +164,16 @@ def write_atomically(target: Path, write: Callable[[Path], object], *, needed: i
 
 
 def convert_bert_to_gguf(
-    model: SentenceTransformersModel, target: Path, *, out_type: str = "f32", progress: Progress | None = None
+    model: SentenceTransformersModel,
+    target: Path,
+    *,
+    out_type: str = "f32",
+    progress: Progress | None = None,
+    labels: tuple[str, ...] = (),
 ) -> Path:
-    """Write `model` as a GGUF at `target`, atomically (temp file + rename)."""
+    """Write `model` as a GGUF at `target`, atomically (temp file + rename).
+    With `labels`, a sequence classifier: its pooler and classifier layers
+    become llama.cpp's `cls` and `cls.output`, pooled with `rank`."""
     import gguf
     from safetensors import safe_open
 
@@ -169,9 +183,9 @@ def convert_bert_to_gguf(
 
     def write(tmp: Path) -> None:
         with safe_open(str(model.weights), framework="numpy") as weights:
-            tensors = _plan_tensors(weights, model.config, out_type)
+            tensors = _plan_tensors(weights, model.config, out_type, classifier=bool(labels))
             writer = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT])
-            _write_metadata(writer, model, out_type)
+            _write_metadata(writer, model, out_type, labels)
             for gguf_name, (_, dtype, shape) in tensors.items():
                 nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
                 writer.add_tensor_info(gguf_name, shape, np.dtype(dtype), nbytes)
@@ -191,18 +205,22 @@ def convert_bert_to_gguf(
     return target
 
 
-def _plan_tensors(weights: Any, config: dict[str, Any], out_type: str) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+def _plan_tensors(
+    weights: Any, config: dict[str, Any], out_type: str, *, classifier: bool = False
+) -> dict[str, tuple[str, str, tuple[int, ...]]]:
     """GGUF name -> (safetensors name, numpy dtype, shape), in file order.
-    Matrices go to `out_type`; vectors and the position/type tables stay f32."""
+    Matrices go to `out_type`; vectors and the position/type tables stay f32.
+    A `classifier` keeps its head: the pooler as `cls`, the classifier as `cls.output`."""
     import gguf
 
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, int(config["num_hidden_layers"]))
     planned: dict[str, tuple[str, str, tuple[int, ...]]] = {}
     for hf_name in weights.keys():  # noqa: SIM118 - a safetensors handle, not a dict
         short = hf_name.removeprefix("bert.")
-        if short in _SKIPPED or short.startswith("cls."):
+        head = _CLASSIFIER_HEAD.get(short) if classifier else None
+        if head is None and (short in _SKIPPED or short.startswith("cls.")):
             continue
-        gguf_name = name_map.get_name(short, try_suffixes=(".weight", ".bias"))
+        gguf_name = head or name_map.get_name(short, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise LocalServeError(f"cannot map tensor {hf_name!r} of a BERT model to GGUF")
         shape = tuple(int(n) for n in weights.get_slice(hf_name).get_shape())
@@ -211,7 +229,7 @@ def _plan_tensors(weights: Any, config: dict[str, Any], out_type: str) -> dict[s
     return planned
 
 
-def _write_metadata(writer: Any, model: SentenceTransformersModel, out_type: str) -> None:
+def _write_metadata(writer: Any, model: SentenceTransformersModel, out_type: str, labels: tuple[str, ...] = ()) -> None:
     import gguf
 
     c = model.config
@@ -224,7 +242,11 @@ def _write_metadata(writer: Any, model: SentenceTransformersModel, out_type: str
     writer.add_layer_norm_eps(float(c.get("layer_norm_eps", 1e-12)))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if out_type == "f16" else gguf.LlamaFileType.ALL_F32)
     writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.CLS if model.pooling == "cls" else gguf.PoolingType.MEAN)
+    if labels:
+        writer.add_pooling_type(gguf.PoolingType.RANK)
+        writer.add_classifier_output_labels(list(labels))
+    else:
+        writer.add_pooling_type(gguf.PoolingType.CLS if model.pooling == "cls" else gguf.PoolingType.MEAN)
     writer.add_bool(NORMALIZE_KEY, model.normalize)
     _write_vocab(writer, model)
 
