@@ -166,9 +166,10 @@ def test_bad_requests_get_one_clear_4xx(
         assert error["param"] == param, error
 
 
-def test_an_unknown_model_is_a_404(http: httpx.Client) -> None:
+def test_an_unknown_name_falls_back_to_the_one_model(http: httpx.Client) -> None:
+    """As llama-server with one model (and /v1/embeddings here): the only model that can rerank answers."""
     response = http.post("/v1/rerank", json={"model": "nope", "query": QUERY, "documents": DOCUMENTS})
-    assert response.status_code == 404
+    assert response.status_code == 200 and response.json()["results"][0]["index"] == PARIS
 
 
 # ---- listed, counted, batched -------------------------------------------------------------
