@@ -22,24 +22,22 @@ used for that long.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localserve.config import data_home
+from localserve.models.convert.supersede import KEYED, children, remove, remove_superseded
 from localserve.models.store import hf_cache
 
-log = logging.getLogger(__name__)
+__all__ = ["CacheEntry", "CacheReport", "cache_roots", "prunable", "prune", "remove_superseded", "survey"]
 
 KINDS = ("conversions", "exports", "partial", "prefix", "wheels", "pulls")
 PRUNABLE_WHEN_OLD = frozenset({"conversions", "exports", "prefix", "wheels"})
 PARTIAL_AGE_S = 3600.0  # a temporary file younger than this may belong to a conversion running now
-_KEYED = re.compile(r"^(?P<folder>.+)-(?P<key>[0-9a-f]{12})-(?P<suffix>[^/]+)$")
 _EXPORT_SUFFIX = re.compile(r"^(onnx|openvino)-fp(32|16)$")
 
 
@@ -89,9 +87,9 @@ def survey(roots: dict[str, Path] | None = None) -> CacheReport:
     roots = roots or cache_roots()
     report = CacheReport(roots)
     report.entries += _store_entries(roots["conversions"])
-    report.entries += [_entry("prefix", p) for p in _children(roots["prefix"]) if p.is_dir()]
-    report.entries += [_entry("wheels", p) for p in _children(roots["wheels"]) if not p.name.startswith(".")]
-    report.entries += [_entry("pulls", p) for p in _children(roots["pulls"]) if p.name.startswith("models--")]
+    report.entries += [_entry("prefix", p) for p in children(roots["prefix"]) if p.is_dir()]
+    report.entries += [_entry("wheels", p) for p in children(roots["wheels"]) if not p.name.startswith(".")]
+    report.entries += [_entry("pulls", p) for p in children(roots["pulls"]) if p.name.startswith("models--")]
     return report
 
 
@@ -111,23 +109,7 @@ def prunable(report: CacheReport, *, older_than_s: float | None = None, now: flo
 
 def prune(report: CacheReport, *, older_than_s: float | None = None, now: float | None = None) -> list[CacheEntry]:
     """Remove what `prunable` names; the entries removed."""
-    return [entry for entry in prunable(report, older_than_s=older_than_s, now=now) if _remove(entry.path)]
-
-
-def remove_superseded(target: Path) -> list[Path]:
-    """After `target` (a conversion or export in the model store) was written:
-    remove the entries of its name and format under an older key."""
-    match = _KEYED.match(target.name)
-    if match is None or target.parent.name != match["folder"]:
-        return []
-    removed = []
-    for sibling in _children(target.parent):
-        other = _KEYED.match(sibling.name)
-        same_group = other is not None and (other["folder"], other["suffix"]) == (match["folder"], match["suffix"])
-        if sibling != target and same_group and _remove(sibling):
-            log.info("removed %s: superseded by %s", sibling, target.name)
-            removed.append(sibling)
-    return removed
+    return [entry for entry in prunable(report, older_than_s=older_than_s, now=now) if remove(entry.path)]
 
 
 # ---- the model store ------------------------------------------------------------------------
@@ -135,10 +117,10 @@ def remove_superseded(target: Path) -> list[Path]:
 
 def _store_entries(store: Path) -> list[CacheEntry]:
     entries = []
-    for folder in _children(store):
+    for folder in children(store):
         if not folder.is_dir():
             continue
-        for child in _children(folder):
+        for child in children(folder):
             entries.append(_classify(folder.name, child))
     groups: dict[str, list[CacheEntry]] = {}
     for entry in entries:
@@ -153,7 +135,7 @@ def _store_entries(store: Path) -> list[CacheEntry]:
 def _classify(folder: str, path: Path) -> CacheEntry:
     if path.name.startswith("."):
         return _entry("partial", path)
-    match = _KEYED.match(path.name)
+    match = KEYED.match(path.name)
     if match is None or match["folder"] != folder:
         return _entry("conversions", path)  # ours by place, not by name: listed, never superseded
     export = path.is_dir() and (_EXPORT_SUFFIX.match(match["suffix"]) or (path / ".complete").exists())
@@ -165,13 +147,6 @@ def _classify(folder: str, path: Path) -> CacheEntry:
 
 
 # ---- files --------------------------------------------------------------------------------
-
-
-def _children(path: Path) -> list[Path]:
-    try:
-        return sorted(path.iterdir())
-    except OSError:  # missing or unreadable: an empty cache
-        return []
 
 
 def _entry(kind: str, path: Path) -> CacheEntry:
@@ -204,20 +179,6 @@ def _walk(path: Path) -> Iterator[tuple[Path, bool]]:
     for root, _folders, files in os.walk(path):
         yield Path(root), False
         yield from ((Path(root) / name, True) for name in files)
-
-
-def _remove(path: Path) -> bool:
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        return True
-    except OSError as exc:
-        log.warning("could not remove %s: %s", path, exc)
-        return False
-    return True
 
 
 def total_bytes(entries: Iterable[CacheEntry]) -> int:

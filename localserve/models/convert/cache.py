@@ -23,8 +23,8 @@ import numpy as np
 
 from localserve.disk import check_room, storage_guard
 from localserve.errors import InvalidRequestError, LocalServeError
-from localserve.models.caches import remove_superseded
 from localserve.models.convert.fingerprint import content_fingerprint
+from localserve.models.convert.supersede import remove_superseded
 
 CONVERTER_VERSION = 1
 OUT_TYPES = ("f16", "f32")

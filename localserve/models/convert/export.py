@@ -32,8 +32,8 @@ from typing import Any
 
 from localserve.disk import storage_guard
 from localserve.errors import InvalidRequestError, LocalServeError
-from localserve.models.caches import remove_superseded
 from localserve.models.convert.fingerprint import content_fingerprint
+from localserve.models.convert.supersede import remove_superseded
 
 #: format -> (our exporter's version, the packages whose versions key the cache)
 EXPORTERS = {

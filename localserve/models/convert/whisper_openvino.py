@@ -24,8 +24,8 @@ import numpy as np
 
 from localserve.disk import storage_guard
 from localserve.errors import LocalServeError
-from localserve.models.caches import remove_superseded
 from localserve.models.convert.cache import Progress
+from localserve.models.convert.supersede import remove_superseded
 from localserve.models.convert.whisper import Ct2Whisper, openai_state_dict, read_ctranslate2, store_target
 
 #: What WhisperPipeline loads; a folder holding all of them is a finished export.
