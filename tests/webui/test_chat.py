@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -127,3 +128,66 @@ def test_with_an_api_key_the_page_asks_for_it_then_chats(browser, ui_server: Ser
         assert STATS_LINE.match(answer.locator(".stats").inner_text())
     finally:
         context.close()
+
+
+def test_regenerate_edit_and_resend_rename_export_and_delete(ui: UiSession) -> None:
+    page = ui.open("chat")
+    ui.set_max_tokens(8)
+    first = ui.wait_answer(ui.send("Say one word."))
+    first.locator(".regenerate").click()
+    page.locator("article.msg[data-index='1'][data-state=done]").wait_for(timeout=60_000)
+    assert page.locator("article.msg").count() == 2  # the answer was replaced, not added
+    page.locator("article.msg.user .edit").click()
+    page.fill("article.msg.user .edit-field", "Say two words.")
+    page.locator("article.msg.user").get_by_role("button", name="Send").click()
+    page.locator("article.msg[data-index='1'][data-state=done]").wait_for(timeout=60_000)
+    assert page.locator("article.msg").count() == 2
+    assert page.locator("article.msg.user .content").inner_text() == "Say two words."
+
+    active = page.locator(".conversations li.active")
+    active.get_by_role("button", name="Rename").click()
+    page.fill(".conversations .rename", "Word games")
+    page.keyboard.press("Enter")
+    assert active.locator(".title").inner_text() == "Word games"
+    with page.expect_download() as info:
+        page.click("#chat-export")
+    exported = json.loads(Path(info.value.path()).read_text())
+    assert exported["title"] == "Word games"
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
+    assert exported["messages"][0]["content"] == "Say two words."
+
+    page.click("#chat-new")
+    assert page.locator(".conversations li").count() == 2 and page.locator("article.msg").count() == 0
+    ui.watch.accept_dialogs = True
+    page.locator(".conversations li", has_text="Word games").get_by_role("button", name="Delete").click()
+    assert page.locator(".conversations li").count() == 1
+    assert ui.watch.dialogs == ['confirm: Delete "Word games"?']
+    ui.watch.dialogs.clear()
+    ui.watch.assert_clean()
+
+
+def test_markdown_becomes_elements_and_code_blocks_copy(ui: UiSession) -> None:
+    page = ui.open("chat")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=ui.server.base_url)
+    text = (
+        "# Title\\n\\nSome **bold** and `code` <b>not bold</b>\\n\\n- one\\n- two\\n\\n```python\\nprint('<hi>')\\n```"
+    )
+    page.evaluate(
+        f"""async () => {{
+          const {{ renderMarkdown }} = await import('/ui/markdown.js');
+          const box = document.createElement('div');
+          box.id = 'md-test';
+          box.append(renderMarkdown("{text}"));
+          document.body.append(box);
+        }}"""
+    )
+    box = page.locator("#md-test")
+    assert box.locator("h3").inner_text() == "Title"
+    assert box.locator("strong").inner_text() == "bold" and box.locator("p code").inner_text() == "code"
+    assert box.locator("b").count() == 0 and "<b>not bold</b>" in box.locator("p").inner_text()
+    assert box.locator("li").all_inner_texts() == ["one", "two"]
+    assert box.locator("pre code").inner_text() == "print('<hi>')"
+    box.locator(".code .copy").click()
+    page.locator("#md-test .copy", has_text="Copied").wait_for()
+    assert page.evaluate("navigator.clipboard.readText()") == "print('<hi>')"
+    ui.watch.assert_clean()

@@ -13,8 +13,13 @@ import httpx
 import pytest
 
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
+from tests.fixtures.tiny_gguf import write_tiny_llama
+from tests.models.conftest import home, hub  # noqa: F401  (a private Hugging Face cache and a fake hub)
+from tests.models.hub import FakeHub
 from tests.webui.browser import screenshot
 from tests.webui.session import UiSession
+
+EMBEDDINGS_MODEL = "all-minilm-l6-v2-gguf"  # small and quick to load: for load / unload
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +84,33 @@ def test_models_view_lists_the_loaded_model_and_its_details(ui: UiSession) -> No
     ui.watch.assert_clean()
 
 
+def test_a_model_loads_with_a_keep_alive_and_unloads(ui: UiSession) -> None:
+    page = ui.open("models")
+    row = page.locator(f"#models-rows tr[data-model='{EMBEDDINGS_MODEL}']")
+    row.and_(page.locator("[data-loaded=false]")).wait_for()
+    page.fill("#models-keep-alive", "2m")
+    row.get_by_role("button", name="Load").click()
+    row.and_(page.locator("[data-loaded=true]")).wait_for(timeout=60_000)
+    assert "2m" in row.inner_text()
+    loaded = ui.server.call(lambda: set(ui.server.registry.oneshot))
+    assert EMBEDDINGS_MODEL in loaded
+    row.get_by_role("button", name="Unload").click()
+    row.and_(page.locator("[data-loaded=false]")).wait_for(timeout=30_000)
+    assert EMBEDDINGS_MODEL not in ui.server.call(lambda: set(ui.server.registry.oneshot))
+    ui.watch.assert_clean()
+
+
+def test_a_pull_shows_its_progress_and_the_model_appears(ui: UiSession, hub: FakeHub, tmp_path: Path) -> None:  # noqa: F811
+    data = write_tiny_llama(tmp_path / "tiny.gguf").read_bytes()
+    hub.add("test/tiny-GGUF", "tiny-Q4_K_M.gguf", data)
+    page = ui.open("models")
+    page.fill("#pull-model", "test/tiny-GGUF")
+    page.click("#pull-start")
+    page.locator("#pull-status").filter(has_text="success").wait_for(timeout=60_000)
+    assert page.locator("#pull-progress").evaluate("bar => bar.value") == 1
+    ui.watch.assert_clean()
+
+
 def test_a_batch_file_is_uploaded_runs_to_the_end_and_its_output_downloads(ui: UiSession, tmp_path: Path) -> None:
     lines = [
         {
@@ -120,7 +152,13 @@ def test_a_dropped_audio_file_is_transcribed(ui: UiSession, tmp_path: Path) -> N
     audio = speak(SENTENCE, tmp_path / "weather.wav")
     page = ui.open("speech")
     page.locator("#speech-model option").first.wait_for(state="attached")
-    page.set_input_files("#speech-file", str(audio))
+    # Dropped on the drop zone, as a user drags it from a file manager.
+    drop = page.evaluate_handle(
+        """([bytes, name]) => { const data = new DataTransfer();
+             data.items.add(new File([new Uint8Array(bytes)], name, {type: 'audio/wav'})); return data; }""",
+        [list(audio.read_bytes()), audio.name],
+    )
+    page.dispatch_event("#speech-drop", "drop", {"dataTransfer": drop})
     page.locator("#speech-transcript").filter(has_text="weather").wait_for(timeout=120_000)
     assert "sunny" in page.locator("#speech-transcript").inner_text().lower()
     screenshot(page, "speech")
