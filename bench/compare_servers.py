@@ -65,9 +65,16 @@ class RunningServer:
     """One server process, started and awaited on `with`, stopped on exit."""
 
     def __init__(
-        self, spec: ServerSpec, port: int, log_path: Path, env: dict[str, str], timeout_s: float = 180.0
+        self,
+        spec: ServerSpec,
+        port: int,
+        log_path: Path,
+        env: dict[str, str],
+        timeout_s: float = 180.0,
+        cwd: Path = ROOT,
     ) -> None:
         self.spec, self.port, self.log_path, self.env, self.timeout_s = spec, port, log_path, env, timeout_s
+        self.cwd = cwd  # `python -m` puts the working directory first on sys.path: it picks the tree served
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,7 +85,7 @@ class RunningServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                self.spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env}
+                self.spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env={**os.environ, **self.env}
             )
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:

@@ -77,8 +77,8 @@ class Tokenizer(ABC):
 class GenerativeBackend(ABC):
     """A loaded generative model driven step by step by the scheduler.
 
-    Threads: `execute`, `release` and `clear_slots` are called by the model's
-    step thread only, so their state needs no locks; `execute` must treat the
+    Threads: `warm_up`, `execute`, `release` and `clear_slots` are called by
+    the model's step thread only, so their state needs no locks; `execute` must treat the
     batch as one forward pass. `capacity`, `tokenizer`, `info` and `metadata`
     give what was fixed at load and may be called from any thread. `validate`
     runs on a worker thread, beside steps, and must touch no state a step
@@ -93,6 +93,14 @@ class GenerativeBackend(ABC):
 
     @abstractmethod
     def info(self) -> BackendInfo: ...
+
+    def warm_up(self) -> None:
+        """Run the model once before the first request, so that it does not
+        pay for the weights' first touch. Called on the step thread, before
+        its first step: a runtime whose thread team belongs to the calling
+        thread (llama.cpp's OpenMP) must first compute there, never on the
+        thread that loaded the model (see backends/llamacpp/devices.py)."""
+        return None
 
     @abstractmethod
     def execute(self, batch: StepBatch) -> StepResult:

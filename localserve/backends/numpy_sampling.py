@@ -1,16 +1,23 @@
-"""Per-sequence sampling over a row of logits, in numpy, for the backends
-whose runtime returns logits (ONNX Runtime, OpenVINO).
+"""Sampling over rows of logits in numpy: per sequence for the backends
+whose runtime returns logits (ONNX Runtime, OpenVINO), and a whole step's
+rows in one call for llama.cpp (`sample_rows`).
 
-Same order and meaning as the llama.cpp chain (llamacpp_sampling.py):
+Same order and meaning as llama.cpp's chain (llamacpp/sampling.py):
 logit bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw.
-The cheap cuts come first: top_p and min_p look at a few hundred candidates
-picked with `argpartition`, never sort the whole vocabulary unless needed.
+The cheap cuts come first, and no cut sorts or partitions the whole
+vocabulary: the candidates are the tokens within a spread of the best
+logit (one comparison pass), widened until they provably hold every token
+the cuts keep (`_candidates`). The draw is one uniform number per token
+from the sequence's own generator, so a seed gives the same tokens alone
+or beside any other sequences.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter, deque
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -18,9 +25,9 @@ from localserve.backends.constraints import GrammarMatcher, ThinkBudget
 from localserve.engine.types import SamplingParams, TokenLogprob
 from localserve.errors import InvalidRequestError
 
-#: Candidates looked at by top_p/min_p when top_k is off, before falling back
-#: to the whole vocabulary (only when they do not hold the top_p mass).
-_CANDIDATES = 512
+#: The first spread (in logits) of the candidates around the best token:
+#: e^-16 of the best token's weight. Widened 4x at a time when too narrow.
+_SPREAD = 16.0
 
 
 class NumpySampler:
@@ -28,15 +35,26 @@ class NumpySampler:
     grammar (backends/constraints.py: sample, check, and mask and sample
     again only when the grammar refuses the token)."""
 
-    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "_budget", "ended")
+    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "_budget", "_eog", "_suppress_until", "_count", "ended")
 
     def __init__(
-        self, params: SamplingParams, matcher: GrammarMatcher | None = None, budget: ThinkBudget | None = None
+        self,
+        params: SamplingParams,
+        matcher: GrammarMatcher | None = None,
+        budget: ThinkBudget | None = None,
+        eog_token_ids: Collection[int] = (),
     ) -> None:
+        """`eog_token_ids`: end-of-generation tokens to mask under `ignore_eos`
+        (always) and `min_tokens` (for the first tokens), as llama.cpp's
+        server does; left empty, the output processor alone handles both."""
         self.params = params
         self._matcher = matcher
         self._budget = budget
         self.ended = False  # the grammar ended the sequence
+        limit = (1 << 62) if params.ignore_eos else params.min_tokens
+        self._eog = np.fromiter(sorted(eog_token_ids), dtype=np.int64) if limit and eog_token_ids else None
+        self._suppress_until = limit if self._eog is not None else 0
+        self._count = 0
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         self._rng = np.random.default_rng(seed & 0xFFFFFFFF)
         last_n = params.penalty_last_n
@@ -45,6 +63,29 @@ class NumpySampler:
         if params.logit_bias:
             ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
             self._bias = (ids, np.array([b for _, b in params.logit_bias], dtype=np.float32))
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy over the raw logits: an argmax the caller may take over
+        many rows at once (`sample_rows`), then hand to `take`."""
+        p = self.params
+        return (
+            p.greedy
+            and self._bias is None
+            and self._matcher is None
+            and self._budget is None
+            and not (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
+        )
+
+    def take(self, token: int) -> bool:
+        """Accept `token`, a plain greedy argmax of the raw row; False (and
+        nothing accepted) when it is a masked end-of-generation token."""
+        if self._count < self._suppress_until and self._eog is not None and token in self._eog:
+            return False
+        self._count += 1
+        if self._history.maxlen != 0:
+            self._history.append(token)
+        return True
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick (and remember) the next token from one row of logits; the
@@ -56,6 +97,7 @@ class NumpySampler:
         if token is None:
             token = self._sample(logits)
         else:
+            self._count += 1
             if self._matcher is not None:
                 self._matcher.consume(token)
             if self._history.maxlen != 0:
@@ -72,15 +114,20 @@ class NumpySampler:
             row[ids[valid]] += bias[valid]
         if self._history and (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
             self._penalize(row)
+        if self._count < self._suppress_until:
+            row[self._eog] = -np.inf
+        self._count += 1
         matcher = self._matcher
         if matcher is not None and matcher.done:
             self.ended = True
             return matcher.end_token
+        if not np.isfinite(row.max()):
+            raise InvalidRequestError("no token is allowed here (suppressed tokens exclude them all)")
         token = int(np.argmax(row)) if p.greedy else self._draw(row)
         if matcher is not None:
             if not matcher.allows(token):
                 matcher.apply(row)
-                if not np.isfinite(row).any():
+                if not np.isfinite(row.max()):
                     raise InvalidRequestError("no token is allowed here (the grammar excludes them all)")
                 token = int(np.argmax(row)) if p.greedy else self._draw(row)
             matcher.consume(token)
@@ -100,38 +147,64 @@ class NumpySampler:
 
     def _draw(self, row: np.ndarray) -> int:
         p = self.params
-        num = row.shape[0]
-        cuts = p.top_p < 1.0 or p.min_p > 0.0
-        if 0 < p.top_k < num:
-            ids, partial = np.argpartition(-row, p.top_k - 1)[: p.top_k], False
-        elif cuts and num > _CANDIDATES:
-            ids, partial = np.argpartition(-row, _CANDIDATES - 1)[:_CANDIDATES], True
-        else:
-            ids, partial = np.arange(num), False
-        if cuts:
-            ids = ids[np.argsort(-row[ids], kind="stable")]
-            keep = self._keep(row[ids], float(np.exp(row.astype(np.float64) - row.max()).sum()) if partial else None)
-            if partial and keep >= len(ids):  # the cut reaches past the candidates: take them all
-                ids = np.argsort(-row, kind="stable")
-                keep = self._keep(row[ids], None)
-            ids = ids[:keep]
-        logits = row[ids].astype(np.float64)
-        weights = np.exp((logits - logits.max()) / p.temperature)
-        return int(ids[self._rng.choice(len(ids), p=weights / weights.sum())])
+        ids, logits, top_p = _candidates(row, p.top_k, p.top_p, p.min_p)
+        keep = _keep(logits, top_p, p.min_p)
+        weights = np.exp((logits[:keep].astype(np.float64) - float(logits[0])) / p.temperature)
+        cumulative = np.cumsum(weights)
+        index = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        return int(ids[min(index, keep - 1)])
 
-    def _keep(self, sorted_logits: np.ndarray, total: float | None) -> int:
-        """How many of the best-first candidates top_p and min_p keep (at
-        least one). `total`: the whole vocabulary's mass relative to the best
-        token, when the candidates are only part of it."""
-        p = self.params
-        probs = np.exp(sorted_logits.astype(np.float64) - float(sorted_logits[0]))
-        keep = len(probs)
-        if p.top_p < 1.0:
-            mass = np.cumsum(probs) / (total if total is not None else probs.sum())
-            keep = int(np.searchsorted(mass, p.top_p)) + 1
-        if p.min_p > 0.0:
-            keep = min(keep, int(np.count_nonzero(probs >= p.min_p)))
-        return max(1, keep)
+
+def _candidates(row: np.ndarray, top_k: int, top_p: float, min_p: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The tokens the cuts may keep, best first, with their logits and top_p
+    as a share of their own mass: the
+    `top_k` best when top_k is on, else every token that top_p and min_p can
+    reach (all of them when neither cuts). Found among the tokens within a
+    spread of the best, widened until provably enough: at least top_k of
+    them, or holding top_p of the whole vocabulary's mass and every token
+    min_p allows."""
+    num = row.shape[0]
+    best = float(row.max())
+    k = top_k if 0 < top_k < num else num
+    cuts = top_p < 1.0 or min_p > 0.0
+    total = 0.0
+    if k == num and cuts and top_p < 1.0:
+        total = float(np.exp(row.astype(np.float64) - best).sum())
+    spread = max(_SPREAD, -math.log(min_p) + 1.0) if min_p > 0.0 else _SPREAD
+    while True:
+        if k == num and not cuts:
+            ids = np.arange(num)
+        else:
+            ids = np.flatnonzero(row >= best - spread) if spread < math.inf else np.arange(num)
+        if k < num:
+            if len(ids) >= k:
+                if len(ids) > k:
+                    ids = ids[np.argpartition(-row[ids], k - 1)[:k]]
+                break
+        elif not cuts or spread == math.inf:
+            break
+        elif top_p >= 1.0 or float(np.exp(row[ids].astype(np.float64) - best).sum()) >= top_p * total:
+            break
+        spread = spread * 4 if spread < 1024 else math.inf
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    logits = row[ids]
+    if k == num and top_p < 1.0 and len(ids) < num:
+        # top_p's mass is the whole vocabulary's: scale it to the candidates'
+        top_p = top_p * total / float(np.exp(logits.astype(np.float64) - best).sum())
+    return ids, logits, min(top_p, 1.0)
+
+
+def _keep(sorted_logits: np.ndarray, top_p: float, min_p: float) -> int:
+    """How many of the best-first candidates top_p (a share of their mass)
+    and min_p (a share of the best token's probability) keep; at least one."""
+    probs = np.exp(sorted_logits.astype(np.float64) - float(sorted_logits[0]))
+    keep = len(probs)
+    if top_p < 1.0:
+        mass = np.cumsum(probs)
+        keep = int(np.searchsorted(mass, top_p * mass[-1])) + 1
+    if min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(probs >= min_p)))
+    return max(1, min(keep, len(probs)))
 
 
 def token_logprob(logits: np.ndarray, token_id: int, num_top: int) -> TokenLogprob:
@@ -145,3 +218,17 @@ def token_logprob(logits: np.ndarray, token_id: int, num_top: int) -> TokenLogpr
         best = best[np.argsort(-shifted[best])]
         top = tuple((int(t), float(shifted[t] - log_norm)) for t in best)
     return TokenLogprob(token_id=token_id, logprob=float(shifted[token_id] - log_norm), top=top)
+
+
+def greedy_rows(logits: np.ndarray, rows: Sequence[int], samplers: Sequence[NumpySampler]) -> list[int | None]:
+    """The tokens of a step's plain greedy rows in one call: one argmax over
+    all of them (`logits[rows[i]]` is `samplers[i]`'s row), each accepted by
+    its sampler. None where a sampler refuses its argmax (a masked
+    end-of-generation token): that row samples on its own."""
+    if not rows:
+        return []
+    first = rows[0]
+    contiguous = rows[-1] - first == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:], strict=False))
+    block = logits[first : first + len(rows)] if contiguous else logits[list(rows)]
+    tokens = block.argmax(axis=1).tolist()
+    return [t if s.take(t) else None for s, t in zip(samplers, tokens, strict=True)]

@@ -136,6 +136,13 @@ class Engine:
         model.worker.start()
         self._models[model_id] = model
 
+    async def warmed_up(self, model_id: str, timeout_s: float = 120.0) -> None:
+        """Wait until `model_id`'s step thread has warmed its backend up, so
+        that "loaded" means the first request runs at full speed."""
+        model = self._models.get(model_id)
+        if model is not None:
+            await asyncio.to_thread(model.worker.warmed_up.wait, timeout_s)
+
     def wrap_backends(self, wrap: Callable[[GenerativeBackend], GenerativeBackend]) -> None:
         """Serve every model added from now on through `wrap(backend)`, which
         must delegate to it: the debug fault route wraps them in

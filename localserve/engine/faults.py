@@ -46,6 +46,9 @@ class WrappedBackend(GenerativeBackend):
     def info(self) -> BackendInfo:
         return self.inner.info()
 
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
     def execute(self, batch: StepBatch) -> StepResult:
         return self.inner.execute(batch)
 

@@ -79,6 +79,7 @@ class StepWorker:
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._last_snapshot = 0.0
         self._crashed = False
+        self.warmed_up = threading.Event()  # set once the backend has run its warm-up, here on the step thread
         self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
 
     def start(self) -> None:
@@ -109,7 +110,18 @@ class StepWorker:
 
     # ---- the loop ------------------------------------------------------------
 
+    def _warm_up(self) -> None:
+        """The backend's first run, on this thread (GenerativeBackend.warm_up);
+        a failure only costs the first request its speed."""
+        try:
+            self.backend.warm_up()
+        except Exception:
+            log.warning("the warm-up of %s failed; the first request pays for it", self._thread.name, exc_info=True)
+        finally:
+            self.warmed_up.set()
+
     def _run(self) -> None:
+        self._warm_up()
         try:
             # The scheduler starts with empty slots; make the KV cache agree.
             self.backend.clear_slots(range(self.scheduler.capacity.max_num_seqs))

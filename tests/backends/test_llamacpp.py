@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -298,3 +299,79 @@ def test_a_complete_grammar_ends_the_sequence_even_under_ignore_eos(smol: LlamaC
         smol.release([5])
         assert tokens[-1].ends and tokens[-1].token_id in tok.eog_token_ids
         assert tok.decode([t.token_id for t in tokens[:-1]]) in (" yes", " no")
+
+
+def test_warm_up_runs_on_the_step_thread_never_the_loading_one(
+    tiny_gguf_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libgomp keeps an OpenMP pool per thread that ever computed; a decode
+    on the loading thread left a second pool that throttled every barrier of
+    the step thread's (issue 39: one stream at 0.63x). Loading decodes
+    nothing; the engine warms the model up on its step thread."""
+    import asyncio
+    import threading
+
+    from localserve.backends.llamacpp import backend as module
+    from localserve.engine.engine import Engine
+
+    threads: list[str] = []
+    real = module.warm_up
+
+    def recording(*args: object) -> None:
+        threads.append(threading.current_thread().name)
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "warm_up", recording)
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, parallel=2, batch_tokens=64, n_threads=2))
+    assert threads == [], "loading the model decoded on the loading thread"
+
+    async def serve() -> None:
+        engine = Engine()
+        engine.add_model("tiny", backend)
+        await engine.warmed_up("tiny")
+        assert threads == ["step-tiny"]
+        await engine.close()
+
+    asyncio.run(serve())
+
+
+def lockstep(backend: LlamaCppBackend, prompts: list[list[int]], params: list[SamplingParams], n: int) -> list[list[int]]:
+    """`n` tokens of each sequence, all sequences in every step's one batch (slot i for sequence i)."""
+    backend.clear_slots(range(len(prompts)))
+    outs: list[list[int]] = [[] for _ in prompts]
+    chunks = [chunk(100 + i, i, p, 0, params=pp) for i, (p, pp) in enumerate(zip(prompts, params, strict=True))]
+    for _ in range(n):
+        got = step(backend, chunks)
+        for i, out in enumerate(outs):
+            out.append(got[100 + i])
+        chunks = [
+            chunk(100 + i, i, [out[-1]], len(prompts[i]) + len(out) - 1, params=params[i]) for i, out in enumerate(outs)
+        ]
+    backend.release([100 + i for i in range(len(prompts))])
+    return outs
+
+
+@pytest.mark.slow
+def test_a_seed_gives_the_same_tokens_alone_or_among_eight(smollm2_path: Path) -> None:
+    """Each sequence draws from its own generator: its tokens depend on its
+    seed, never on its batchmates; greedy rows taken in one argmax match
+    greedy alone."""
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=128, parallel=8, batch_tokens=256))
+    try:
+        tok = backend.tokenizer()
+        texts = ["Once upon a time", "The weather today", "def fib(n):", "My favourite food", "In 1969,"]
+        prompts = [tok.encode(t, add_special=False) for t in texts]
+        seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=1234, ignore_eos=True)
+        greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+        alone = lockstep(backend, [prompts[0]], [seeded], 16)[0]
+        assert alone == lockstep(backend, [prompts[0]], [seeded], 16)[0], "the same seed, the same tokens"
+        other_seed = dataclasses.replace(seeded, seed=99)
+        assert alone != lockstep(backend, [prompts[0]], [other_seed], 16)[0], "another seed, other tokens"
+        mates = [prompts[(i % 4) + 1] for i in range(7)]
+        mixed = [dataclasses.replace(seeded, seed=7 + i) if i % 2 else greedy for i in range(7)]
+        among = lockstep(backend, [*mates[:3], prompts[0], *mates[3:]], [*mixed[:3], seeded, *mixed[3:]], 16)
+        assert among[3] == alone, "a seeded sequence's tokens do not depend on its batchmates"
+        for i in (0, 2):  # the greedy batchmates, against greedy alone
+            assert among[i] == lockstep(backend, [mates[i]], [greedy], 16)[0]
+    finally:
+        backend.close()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
+import pytest
 
-from localserve.backends.numpy_sampling import NumpySampler, token_logprob
+from localserve.backends import numpy_sampling
+from localserve.backends.numpy_sampling import NumpySampler, greedy_rows, token_logprob
 from localserve.engine.types import SamplingParams
 
 VOCAB = 2000
@@ -70,3 +73,95 @@ def test_logprobs_come_from_the_raw_distribution() -> None:
     assert [t for t, _ in lp.top] == [1, 2]
     norm = math.log(math.exp(3.0) + math.exp(2.0) + (VOCAB - 2) * math.exp(-10.0))
     assert math.isclose(lp.logprob, 2.0 - norm, rel_tol=1e-5)
+
+
+# ---- the distribution, exactly ----------------------------------------------
+
+
+def reference(row: np.ndarray, p: SamplingParams) -> dict[int, float]:
+    """The distribution the cuts define, by the book: sort everything, cut
+    top_k, then top_p and min_p on the softmax of what is left, then apply
+    the temperature (llama.cpp's order)."""
+    order = np.argsort(-row, kind="stable")
+    if 0 < p.top_k < len(row):
+        order = order[: p.top_k]
+    logits = row[order].astype(np.float64)
+    probs = np.exp(logits - logits[0])
+    keep = len(order)
+    if p.top_p < 1.0:
+        cum = np.cumsum(probs) / probs.sum()
+        keep = int(np.argmax(cum >= p.top_p)) + 1
+    if p.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(probs >= p.min_p)))
+    weights = np.exp((logits[:keep] - logits[0]) / p.temperature)
+    return dict(zip(order[:keep].tolist(), (weights / weights.sum()).tolist(), strict=True))
+
+
+def assert_samples_follow(row: np.ndarray, params: SamplingParams, n: int = 20_000) -> None:
+    """n draws against the reference: nothing outside its support, and a
+    chi-square statistic within six standard deviations of its mean."""
+    expected = reference(row, params)
+    sampler = NumpySampler(params)
+    counts = Counter(sampler.sample(row) for _ in range(n))
+    assert set(counts) <= set(expected), f"drew tokens the cuts exclude: {set(counts) - set(expected)}"
+    # tokens expected fewer than 5 times are pooled, as a chi-square test needs
+    big = [t for t, q in expected.items() if q * n >= 5]
+    small_q = sum(q for t, q in expected.items() if q * n < 5)
+    chi2 = sum((counts.get(t, 0) - expected[t] * n) ** 2 / (expected[t] * n) for t in big)
+    if small_q * n >= 5:
+        small_count = sum(c for t, c in counts.items() if t not in big)
+        chi2 += (small_count - small_q * n) ** 2 / (small_q * n)
+    df = max(1, len(big) - (0 if small_q * n >= 5 else 1))
+    assert chi2 < df + 6 * math.sqrt(2 * df), f"chi2 {chi2:.1f} with {df} degrees of freedom for {params}"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, seed=1),  # the request defaults
+        SamplingParams(temperature=1.0, top_k=5, seed=2),
+        SamplingParams(temperature=1.3, top_p=0.8, seed=3),
+        SamplingParams(temperature=0.5, min_p=0.2, seed=4),
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5),  # no cut at all
+        SamplingParams(temperature=0.9, top_k=100, top_p=0.5, min_p=0.01, seed=6),
+    ],
+    ids=["defaults", "top_k", "top_p", "min_p", "none", "all"],
+)
+def test_each_cut_draws_exactly_the_reference_distribution(params: SamplingParams) -> None:
+    rng = np.random.default_rng(7)
+    row = (rng.normal(size=VOCAB) * 2.5).astype(np.float32)
+    assert_samples_follow(row, params)
+
+
+def test_top_p_over_a_flat_tail_widens_past_the_first_spread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most of the mass lies beyond the first candidates (a long flat tail,
+    beyond a spread narrowed for the test): the candidates widen until they
+    hold top_p of the mass, and the draw is still exact."""
+    monkeypatch.setattr(numpy_sampling, "_SPREAD", 0.5)
+    row = np.full(VOCAB, -3.0, np.float32)
+    row[:3] = [0.0, -0.2, -0.4]
+    for params in (
+        SamplingParams(temperature=1.0, top_p=0.9, seed=8),
+        SamplingParams(temperature=0.8, top_p=0.5, min_p=0.01, seed=9),
+    ):
+        assert_samples_follow(row, params, n=15_000)
+        assert len(reference(row, params)) > 500, "the tail carries the top_p mass"
+
+
+def test_greedy_rows_is_one_argmax_and_keeps_the_end_masked() -> None:
+    rng = np.random.default_rng(9)
+    table = rng.normal(size=(6, VOCAB)).astype(np.float32)
+    eog = 17
+    table[4, eog] = 100.0  # row 4's argmax is the end-of-generation token
+    plain = SamplingParams(temperature=0.0)
+    masked = SamplingParams(temperature=0.0, ignore_eos=True)
+    samplers = [NumpySampler(plain) for _ in range(3)] + [NumpySampler(masked, eog_token_ids=[eog])]
+    rows = [1, 2, 3, 4]
+    got = greedy_rows(table, rows, samplers)
+    assert got[:3] == [int(np.argmax(table[r])) for r in rows[:3]]
+    assert got[3] is None, "the masked end is refused: the row samples alone"
+    assert samplers[3].sample(table[4]) == int(np.argsort(-table[4])[1])
+    assert greedy_rows(table, [0, 5], [NumpySampler(plain), NumpySampler(plain)]) == [
+        int(np.argmax(table[0])),
+        int(np.argmax(table[5])),
+    ], "rows that are not adjacent"

@@ -14,12 +14,14 @@ either way its thinking comes back in `thinking` blocks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from localserve.engine.types import SamplingParams, parse_priority
+from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, Tools
 
@@ -115,8 +117,9 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
         think = False if thinking.get("type") == "disabled" else None
         if thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
             budget = max(0, thinking["budget_tokens"])
-        defaults = SamplingParams()
-        sampling = SamplingParams(
+        defaults = REQUEST_DEFAULTS
+        sampling = dataclasses.replace(
+            defaults,
             temperature=defaults.temperature if body.temperature is None else body.temperature,
             top_p=defaults.top_p if body.top_p is None else body.top_p,
             top_k=defaults.top_k if body.top_k is None else body.top_k,

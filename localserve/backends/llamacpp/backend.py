@@ -4,7 +4,11 @@ One `llama_context` holds `parallel` sequences, each slot in its own KV
 stream (or all in one shared pool when the KV budget is smaller, see
 `_open_context`). Every step is a single `llama_decode` over a `llama_batch`
 that mixes the decode tokens of running sequences with prompt chunks of new
-ones, padding-free; each sequence samples with its own sampler chain.
+ones, padding-free. Sampling reads the step's logits rows in numpy
+(backends/numpy_sampling.py): the greedy rows in one argmax, the others
+each with its own generator over the few candidates the cuts keep; only a
+sequence under a grammar keeps a native llama.cpp sampler chain
+(sampling.py), which masks candidates when the grammar refuses a token.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.constraints import GrammarMatcher, think_budget
@@ -27,6 +32,8 @@ from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.kv_state import KvEdits, apply_kv_ops, library_build
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
+from localserve.backends.numpy_sampling import NumpySampler, greedy_rows
+from localserve.backends.numpy_sampling import token_logprob as row_logprob
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 
@@ -92,7 +99,7 @@ class LlamaCppBackend(GenerativeBackend):
             raise
         self._tokenizer = LlamaTokenizer(model)
         self._n_vocab = self._tokenizer.vocab_size
-        self._chains: dict[int, SamplerChain] = {}
+        self._samplers: dict[int, SamplerChain | NumpySampler] = {}
         self._draft: DraftModel | None = None
         if config.draft_model_path:
             try:
@@ -142,7 +149,6 @@ class LlamaCppBackend(GenerativeBackend):
             )
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
-        warm_up(model, ctx, self._batch)
         self._split_kv = not params.kv_unified
         kv_actual = int(llama_cpp.llama_n_ctx(ctx))
         per_slot = int(llama_cpp.llama_n_ctx_seq(ctx)) if self._split_kv else kv_actual
@@ -176,6 +182,13 @@ class LlamaCppBackend(GenerativeBackend):
 
     def capacity(self) -> Capacity:
         return self._capacity
+
+    def warm_up(self) -> None:
+        ctx, _, b = self._native()
+        assert self._model is not None
+        warm_up(self._model, ctx, b)
+        if self._draft is not None:
+            self._draft.warm_up()
 
     def tokenizer(self) -> LlamaTokenizer:
         return self._tokenizer
@@ -220,13 +233,15 @@ class LlamaCppBackend(GenerativeBackend):
             batch = dataclasses.replace(
                 batch, chunks=tuple(c for c in batch.chunks if c.slot not in state.restore_failed)
             )
-        failed = self._ensure_chains(batch)
+        failed = self._ensure_samplers(batch)
         model_drafts = self._draft.drafts_for(batch) if self._draft is not None else {}
-        sample_at = _fill_batch(b, batch, model_drafts)
+        sample_at, num_outputs = _fill_batch(b, batch, model_drafts)
         rc = llama_cpp.llama_decode(ctx, b)
         if rc != 0:
             reason = _DECODE_ERRORS.get(rc, "internal error")
             raise BackendError(f"llama_decode failed with code {rc} ({reason})")
+        rows = _LogitsRows(ctx, num_outputs, self._n_vocab)
+        firsts = self._greedy_firsts(rows, sample_at, model_drafts, failed)
         sampled: dict[int, SampledToken] = {}
         accepted: dict[int, tuple[SampledToken, ...]] = {}
         for chunk, index in sample_at:
@@ -235,10 +250,10 @@ class LlamaCppBackend(GenerativeBackend):
             try:
                 if chunk.seq_id in failed:
                     continue
-                sampled[chunk.seq_id] = first = self._sample(ctx, chunk, index)
+                sampled[chunk.seq_id] = first = self._sample(rows, chunk, index, firsts.get(chunk.seq_id))
                 if num_draft:
                     drafts = fed[len(fed) - num_draft :]
-                    accepted[chunk.seq_id] = self._verify(ctx, chunk, index, first.token_id, drafts)
+                    accepted[chunk.seq_id] = self._verify(rows, chunk, index, first.token_id, drafts)
             except InvalidRequestError as exc:  # this sequence only: e.g. a grammar that allows no token
                 failed[chunk.seq_id] = exc.message
                 sampled.pop(chunk.seq_id, None)
@@ -260,16 +275,50 @@ class LlamaCppBackend(GenerativeBackend):
             restore_failed=tuple(state.restore_failed),
         )
 
-    def _sample(self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int) -> SampledToken:
-        chain = self._chains[chunk.seq_id]
-        token_id = chain.sample(ctx, index)
-        logprob = None
-        if chunk.sampling.logprobs is not None:
-            logprob = token_logprob(ctx, index, self._n_vocab, token_id, chunk.sampling.logprobs)
-        return SampledToken(token_id, logprob, ends=chain.ended)
+    def _greedy_firsts(
+        self,
+        rows: _LogitsRows,
+        sample_at: list[tuple[SeqChunk, int]],
+        model_drafts: dict[int, list[int]],
+        failed: dict[int, str],
+    ) -> dict[int, int]:
+        """The first token of every plain greedy sequence of the step (no
+        drafts to verify), from one argmax over their rows."""
+        seq_ids, row_ids, samplers = [], [], []
+        for chunk, index in sample_at:
+            sampler = self._samplers.get(chunk.seq_id)
+            if (
+                isinstance(sampler, NumpySampler)
+                and sampler.plain_greedy
+                and chunk.seq_id not in failed
+                and not chunk.num_draft
+                and chunk.seq_id not in model_drafts
+            ):
+                seq_ids.append(chunk.seq_id)
+                row_ids.append(rows.row_of(index))
+                samplers.append(sampler)
+        tokens = greedy_rows(rows.table, row_ids, samplers)
+        return {seq_id: token for seq_id, token in zip(seq_ids, tokens, strict=True) if token is not None}
+
+    def _sample(self, rows: _LogitsRows, chunk: SeqChunk, index: int, token_id: int | None = None) -> SampledToken:
+        """The token at batch index `index` (`token_id`: already taken by the
+        step's greedy argmax), with its log-probability when asked."""
+        sampler = self._samplers[chunk.seq_id]
+        num_top = chunk.sampling.logprobs
+        if isinstance(sampler, SamplerChain):
+            token_id = sampler.sample(rows.ctx, index)
+            logprob = None
+            if num_top is not None:
+                logprob = token_logprob(rows.ctx, index, self._n_vocab, token_id, num_top)
+            return SampledToken(token_id, logprob, ends=sampler.ended)
+        row = rows.table[rows.row_of(index)]
+        if token_id is None:
+            token_id = sampler.sample(row)
+        logprob = row_logprob(row, token_id, num_top) if num_top is not None else None
+        return SampledToken(token_id, logprob, ends=sampler.ended)
 
     def _verify(
-        self, ctx: llama_cpp.llama_context_p, chunk: SeqChunk, index: int, token_id: int, drafts: tuple[int, ...]
+        self, rows: _LogitsRows, chunk: SeqChunk, index: int, token_id: int, drafts: tuple[int, ...]
     ) -> tuple[SampledToken, ...]:
         """Sample at each draft position while the token sampled before it
         equals the draft (engine/speculation.py): the tokens sampled after
@@ -278,7 +327,7 @@ class LlamaCppBackend(GenerativeBackend):
         for offset, draft in enumerate(drafts, start=1):
             if token_id != draft:
                 break
-            sampled = self._sample(ctx, chunk, index + offset)
+            sampled = self._sample(rows, chunk, index + offset)
             out.append(sampled)
             token_id = sampled.token_id
         return tuple(out)
@@ -293,9 +342,9 @@ class LlamaCppBackend(GenerativeBackend):
 
     def release(self, seq_ids: Collection[int]) -> None:
         for seq_id in seq_ids:
-            chain = self._chains.pop(seq_id, None)
-            if chain is not None:
-                chain.free()
+            sampler = self._samplers.pop(seq_id, None)
+            if isinstance(sampler, SamplerChain):
+                sampler.free()
 
     def clear_slots(self, slots: Collection[int]) -> None:
         _, mem, _ = self._native()
@@ -305,9 +354,10 @@ class LlamaCppBackend(GenerativeBackend):
             self._draft.forget(list(slots))
 
     def close(self) -> None:
-        for chain in getattr(self, "_chains", {}).values():
-            chain.free()
-        self._chains = {}
+        for sampler in getattr(self, "_samplers", {}).values():
+            if isinstance(sampler, SamplerChain):
+                sampler.free()
+        self._samplers = {}
         if getattr(self, "_draft", None) is not None:
             self._draft.close()  # type: ignore[union-attr]
             self._draft = None
@@ -341,31 +391,56 @@ class LlamaCppBackend(GenerativeBackend):
     def _matcher(self, grammar: str) -> GrammarMatcher:
         return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar)
 
-    def _ensure_chains(self, batch: StepBatch) -> dict[int, str]:
+    def _ensure_samplers(self, batch: StepBatch) -> dict[int, str]:
+        """A sampler for every sequence that samples in this step and has
+        none yet: numpy's, or a native chain under a grammar."""
         failed: dict[int, str] = {}
         for chunk in batch.chunks:
-            if chunk.sample and chunk.seq_id not in self._chains:
+            if chunk.sample and chunk.seq_id not in self._samplers:
+                params = chunk.sampling
+                eog = self._tokenizer.eog_token_ids
+                budget = think_budget(params, self._tokenizer)
                 try:
-                    grammar = chunk.sampling.grammar
-                    self._chains[chunk.seq_id] = SamplerChain(
-                        chunk.sampling,
-                        self._n_vocab,
-                        self._tokenizer.eog_token_ids,
-                        self._matcher(grammar) if grammar is not None else None,
-                        think_budget(chunk.sampling, self._tokenizer),
-                    )
+                    if params.grammar is None:
+                        self._samplers[chunk.seq_id] = NumpySampler(params, None, budget, eog_token_ids=eog)
+                    else:
+                        matcher = self._matcher(params.grammar)
+                        self._samplers[chunk.seq_id] = SamplerChain(params, self._n_vocab, eog, matcher, budget)
                 except InvalidRequestError as exc:
                     failed[chunk.seq_id] = exc.message
         return failed
 
 
+class _LogitsRows:
+    """The step's logits as one numpy table (a view of llama.cpp's output
+    buffer, valid until the next decode), and the row of a batch index."""
+
+    __slots__ = ("ctx", "table", "_base", "_row_bytes")
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, num_outputs: int, n_vocab: int) -> None:
+        self.ctx = ctx
+        pointer = llama_cpp.llama_get_logits(ctx)  # outputs in batch order (llama.cpp reorders them first)
+        self.table = np.ctypeslib.as_array(
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(max(num_outputs, 1), n_vocab)
+        )
+        self._base = ctypes.cast(pointer, ctypes.c_void_p).value or 0
+        self._row_bytes = 4 * n_vocab
+
+    def row_of(self, index: int) -> int:
+        """The row of the token at batch index `index` (its logits were asked for)."""
+        address = ctypes.cast(llama_cpp.llama_get_logits_ith(self.ctx, index), ctypes.c_void_p).value or 0
+        return (address - self._base) // self._row_bytes
+
+
 def _fill_batch(
     b: llama_cpp.llama_batch, batch: StepBatch, model_drafts: dict[int, list[int]]
-) -> list[tuple[SeqChunk, int]]:
+) -> tuple[list[tuple[SeqChunk, int]], int]:
     """Write the step's tokens (and the draft model's drafts) into `b`; the
-    chunks that sample, with the index in `b` of their last token before any drafts."""
+    chunks that sample, with the index in `b` of their last token before
+    any drafts, and the number of tokens whose logits are asked for."""
     token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
     k = 0
+    num_outputs = 0
     sample_at = []
     # In slot order: with one KV stream per slot, llama.cpp puts into one
     # micro-batch only sequences whose ids run consecutively in the batch
@@ -387,6 +462,7 @@ def _fill_batch(
             first = k - 1 - chunk.num_draft - len(extra)
             for i in range(first, k):
                 logits[i] = 1
+            num_outputs += k - first
             sample_at.append((chunk, first))
     b.n_tokens = k
-    return sample_at
+    return sample_at, num_outputs

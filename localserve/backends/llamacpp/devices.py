@@ -199,7 +199,18 @@ def warm_up(model: llama_cpp.llama_model_p, ctx: llama_cpp.llama_context_p, batc
     mixture-of-experts graph touch every expert. Unlike llama-server, the KV
     cells are cleared without zeroing their memory: that would commit the
     whole KV buffer at start (8 slots x 4,096 tokens of SmolLM2 are 750 MB),
-    where a slot's pages are otherwise touched only as it fills."""
+    where a slot's pages are otherwise touched only as it fills.
+
+    Call it on the thread that will decode in `ctx` for good (the step
+    thread: `GenerativeBackend.warm_up`), never on the thread that loaded the
+    model. llama.cpp's CPU backend computes in an OpenMP team, and libgomp
+    keeps one pool of worker threads per thread that ever started a team;
+    once the process's pools hold more threads than there are CPUs, every
+    barrier wait in every pool spins only 100 times before it sleeps
+    (libgomp's "throttled" spin count), as if OMP_WAIT_POLICY were PASSIVE.
+    One decode here from the loading thread left a second pool behind and
+    cost one stream 35-45% of its speed on 2 cores for the life of the
+    process (issue 39)."""
     vocab = llama_cpp.llama_model_get_vocab(model)
     token = llama_cpp.llama_vocab_bos(vocab)
     if token < 0:

@@ -77,7 +77,6 @@ class DraftModel:
             if not self._ctx:
                 raise LocalServeError(f"llama.cpp could not create a context for the draft model {path}")
             self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
-            warm_up(model, self._ctx, self._batch)
         except BaseException:
             self.close()
             raise
@@ -86,6 +85,12 @@ class DraftModel:
         self._batch_tokens = batch_tokens
         self._tokens: dict[int, list[int]] = {}  # slot -> the tokens in this context's KV
         self._target: dict[int, list[int]] = {}  # slot -> the tokens in the target's KV
+
+    def warm_up(self) -> None:
+        """Decode once and forget it, on the step thread (the target's `warm_up`)."""
+        ctx, batch = self._native()
+        assert self._model is not None
+        warm_up(self._model, ctx, batch)
 
     # ---- following the target ----------------------------------------------------------------
 

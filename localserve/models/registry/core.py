@@ -329,6 +329,7 @@ class ModelRegistry(RegistryViews):
             return LoadedOneShot(spec, kind, oneshot, batcher, load_seconds=time.monotonic() - started)
         backend, report = await asyncio.to_thread(self.open_model, spec)
         self.engine.add_model(spec.model_id, backend, self._engine_config(backend.capacity()))
+        await self.engine.warmed_up(spec.model_id)
         return LoadedModel(spec, backend, load_seconds=time.monotonic() - started, report=report)
 
     def open_model(self, spec: ModelSpec) -> tuple[GenerativeBackend, LoadReport]:

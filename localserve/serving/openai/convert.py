@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.serving import types as serving
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -28,7 +29,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 def sampling(fields: SamplingFields) -> SamplingParams:
     """The body's sampling fields; what it leaves out keeps the engine's default."""
-    defaults = SamplingParams()
+    defaults = REQUEST_DEFAULTS
     return SamplingParams(
         temperature=_or(fields.temperature, defaults.temperature),
         top_k=_or(fields.top_k, defaults.top_k),

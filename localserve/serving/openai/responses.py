@@ -8,10 +8,10 @@ import time
 import uuid
 from typing import Any
 
-from localserve.engine.types import SamplingParams
 from localserve.serving.answer import Answer
 from localserve.serving.chat import start_chat
 from localserve.serving.models import ModelHost
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.responses_request import ResponsesRequest, chat_request
 from localserve.serving.types import ChoiceResult, ToolCall, Usage
 
@@ -42,7 +42,7 @@ class ResponseObject:
         body = self.body
         tool_choice = body.tool_choice or "auto"
         fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text else {"type": "text"}
-        defaults = SamplingParams()
+        defaults = REQUEST_DEFAULTS
         return {
             "id": self.id,
             "object": "response",

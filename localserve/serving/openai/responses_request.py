@@ -12,13 +12,15 @@ with a 400: this server keeps no responses.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from localserve.engine.types import SamplingParams, parse_priority
+from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
 from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_TOOLS
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
 from localserve.serving.validation import check_unicode
 
@@ -141,8 +143,9 @@ def chat_request(body: ResponsesRequest) -> ChatRequest:
     """The body as a serving chat request."""
     messages = [Message("system", body.instructions)] if body.instructions else []
     messages += input_messages(body.input)
-    defaults = SamplingParams()
-    sampling = SamplingParams(
+    defaults = REQUEST_DEFAULTS
+    sampling = dataclasses.replace(
+        defaults,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
         seed=body.seed,

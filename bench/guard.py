@@ -1,0 +1,128 @@
+"""The speed guard: does a change slow localserve down? Run it for every
+change to engine/, backends/, serving/ or the streaming paths of api/, and
+put its table in the commit message.
+
+    .venv/bin/python bench/guard.py BASE [HEAD]
+
+BASE and HEAD are git revisions; HEAD left out is the working tree as it is
+(uncommitted changes included). Each is served from its own checkout (BASE
+from a detached worktree under ~/.cache/localserve-bench/guard/, kept for the
+next run) with this venv, both up at once on SmolLM2-135M-Instruct Q4_1 (2
+threads, 16 slots x 1024), each with its own empty LOCALSERVE_HOME. The cells
+-- 1 and 8 streams, greedy and temperature 0.7 -- are measured as paired runs
+(bench/paired.py), the order alternating pair by pair. It prints each pair,
+then a table of HEAD / BASE tok/s per cell (median of the pairs and their
+range), and exits 1 when a cell's median falls below --threshold (0.95).
+About 4 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.compare_servers import (  # noqa: E402
+    CACHE,
+    MODEL_ID,
+    RunningServer,
+    ServerSpec,
+    free_port,
+    wait_for_quiet,
+)
+from bench.paired import Target, git_describe, now, parse_cells, run_pairs, table  # noqa: E402
+
+WORKTREES = CACHE / "guard"
+
+
+def checkout(rev: str) -> tuple[Path, str]:
+    """A detached worktree of `rev` (made once, reused), and its short hash."""
+    sha = git_describe(ROOT, rev)
+    path = WORKTREES / sha
+    if not (path / "localserve").is_dir():
+        WORKTREES.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), sha],
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(path / "localserve")], check=False)
+    return path, sha
+
+
+def serve(tree: Path, args: argparse.Namespace, stack: ExitStack, label: str) -> Target:
+    """Start localserve from `tree` on a free port, with its own data directory."""
+    port = free_port()
+    home = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"guard-{label}-"))
+    argv = [sys.executable, "-m", "localserve", "serve", "--port", str(port), "--model", MODEL_ID]
+    argv += ["--threads", str(args.threads), "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size)]
+    env = {"PYTHONPATH": str(tree), "LOCALSERVE_HOME": home}
+    log = CACHE / "logs" / f"guard-{label}.log"
+    stack.enter_context(RunningServer(ServerSpec(label, argv, "/health"), port, log, env, cwd=tree))
+    return Target(label, f"http://127.0.0.1:{port}", MODEL_ID)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("base", help="the revision to compare against (e.g. HEAD~1, a commit hash)")
+    add("head", nargs="?", default=None, help="the revision under test (default: the working tree as it is)")
+    add("--streams", default="1,8", help="stream counts (default: 1,8)")
+    add("--temperatures", default="0,0.7", help="sampling temperatures, 0 is greedy (default: 0,0.7)")
+    add("--pairs", type=int, default=3, help="pairs of runs per cell (default: 3)")
+    add("--threshold", type=float, default=0.95, help="lowest HEAD/BASE median accepted per cell (default: 0.95)")
+    add("--threads", type=int, default=2, help="--threads of both servers (default: 2)")
+    add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
+    add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
+    add("--json", type=Path, default=None, help="also write the result here (e.g. bench/results/guard-X.json)")
+    add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for a load below 0.5 (default: 420)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    base_tree, base_sha = checkout(args.base)
+    head_tree, head_sha = (ROOT, git_describe(ROOT)) if args.head is None else checkout(args.head)
+    if head_tree == ROOT:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(ROOT / "localserve")], check=False)
+    load = wait_for_quiet(args.max_wait_quiet)
+    print(f"guard: HEAD {head_sha} against BASE {base_sha}; 1-minute load {load:.2f}", flush=True)
+    with ExitStack() as stack:
+        head = serve(head_tree, args, stack, f"head-{head_sha}")
+        base = serve(base_tree, args, stack, f"base-{base_sha}")
+        result = run_pairs(head, base, parse_cells(args.streams, args.temperatures), pairs=args.pairs)
+    result.update(
+        {
+            "kind": "guard",
+            "head": head_sha,
+            "base": base_sha,
+            "started": now(),
+            "loadavg_before": round(load, 2),
+            "loadavg_after": round(os.getloadavg()[0], 2),
+            "threshold": args.threshold,
+            "servers": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
+        }
+    )
+    failing = [c["label"] for c in result["cells"] if c["ratio_median"] < args.threshold]
+    print(f"\nbench/guard.py {base_sha} -> {head_sha} (HEAD / BASE tok/s, {args.pairs} pairs, load {load:.2f}):\n")
+    print(table(result).replace(f"head-{head_sha}", "HEAD").replace(f"base-{base_sha}", "BASE"))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if failing:
+        print(f"\nguard: FAIL, below {args.threshold} at {', '.join(failing)}")
+        return 1
+    print(f"\nguard: ok (every cell >= {args.threshold})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

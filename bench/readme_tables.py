@@ -1,0 +1,124 @@
+"""The README's benchmark tables, generated from bench/results/*.json.
+
+    .venv/bin/python bench/readme_tables.py           # rewrite the tables in README.md
+    .venv/bin/python bench/readme_tables.py --check   # exit 1 if a table differs from its JSON
+
+A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in
+README.md; NAME picks the renderer and the JSON below. Every table says the
+commit it measured and the machine's load. Never edit a table by hand: run
+the benchmark, write its JSON, run this (tests/bench/test_readme_tables.py
+fails when the README and the JSON disagree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _sampling(temperature: float) -> str:
+    return "greedy" if temperature <= 0 else f"temperature {temperature:g}"
+
+
+def peers_llama_server() -> str:
+    """localserve / llama-server, paired (bench/peers.py)."""
+    data = _load("peers-llama-server.json")
+    lines = [
+        "| streams | sampling | localserve tok/s | llama-server tok/s | localserve / llama-server (median, range) "
+        "| ITL p50 ms (localserve / llama-server) | TTFT p50 ms | load before |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in data["cells"]:
+        ls, ll = c["localserve"], c["llama-server"]
+        lines.append(
+            f"| {c['streams']} | {_sampling(c['temperature'])} | {ls['tok_s']:.1f} | {ll['tok_s']:.1f} "
+            f"| **{c['ratio_median']:.2f}** ({c['ratio_min']:.2f}-{c['ratio_max']:.2f}) "
+            f"| {ls['itl_p50_ms']:.1f} / {ll['itl_p50_ms']:.1f} | {ls['ttft_p50_ms']:.0f} / {ll['ttft_p50_ms']:.0f} "
+            f"| {c['loadavg_before']} |"
+        )
+    pairs = len(data["cells"][0]["runs"]) if data["cells"] else 0
+    lines.append("")
+    lines.append(
+        f"Commit {data['commit']}, {data['started'][:10]}; {pairs} pairs per cell, `{data['settings']}`; "
+        f"{data['servers']['llama-server']}. Source: `bench/results/peers-llama-server.json`."
+    )
+    return "\n".join(lines)
+
+
+def multiturn() -> str:
+    """Conversations against llama-server (bench/multiturn.py)."""
+    data = _load("multiturn.json")
+    s = data["settings"]
+    lines = [
+        "| pair | later-turn TTFT p50 ms (localserve / llama-server) | llama-server / localserve | "
+        "wall s (localserve / llama-server) | llama-server / localserve | load before |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, p in enumerate(data["pairs"], start=1):
+        ls, ll = p["localserve"], p["llama-server"]
+        lines.append(
+            f"| {i} | {ls['later_turn_ttft_p50_ms']:.0f} / {ll['later_turn_ttft_p50_ms']:.0f} | "
+            f"**{p['later_ttft_ratio']:.2f}x** | {ls['wall_s']:.1f} / {ll['wall_s']:.1f} | "
+            f"**{p['wall_ratio']:.2f}x** | {p['loadavg_before']} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Commit {data['commit']}, {data['started'][:10]}; {s['conversations']} conversations x {s['turns']} turns, "
+        f"a {s['document_words']}-word opening document, {s['answer_tokens']}-token answers. "
+        "Source: `bench/results/multiturn.json`."
+    )
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "peers-llama-server": peers_llama_server,
+    "multiturn": multiturn,
+}
+
+_BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table:(?P=name) -->)", re.DOTALL)
+
+
+def render(text: str) -> str:
+    """`text` with every table block regenerated from its JSON."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name not in TABLES:
+            raise SystemExit(f"README names an unknown table {name!r}; known: {', '.join(TABLES)}")
+        return match.group(1) + TABLES[name]() + match.group(4)
+
+    return _BLOCK.sub(replace, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the JSON")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("README.md's benchmark tables differ from bench/results: run bench/readme_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        README.write_text(new)
+        print("README.md: tables regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
