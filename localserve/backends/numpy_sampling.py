@@ -35,7 +35,18 @@ class NumpySampler:
     grammar (backends/constraints.py: sample, check, and mask and sample
     again only when the grammar refuses the token)."""
 
-    __slots__ = ("params", "_rng", "_history", "_bias", "_matcher", "_budget", "_eog", "_suppress_until", "_count", "ended")
+    __slots__ = (
+        "params",
+        "_rng",
+        "_history",
+        "_bias",
+        "_matcher",
+        "_budget",
+        "_eog",
+        "_suppress_until",
+        "_count",
+        "ended",
+    )
 
     def __init__(
         self,
@@ -181,9 +192,12 @@ def _candidates(row: np.ndarray, top_k: int, top_p: float, min_p: float) -> tupl
                 if len(ids) > k:
                     ids = ids[np.argpartition(-row[ids], k - 1)[:k]]
                 break
-        elif not cuts or spread == math.inf:
-            break
-        elif top_p >= 1.0 or float(np.exp(row[ids].astype(np.float64) - best).sum()) >= top_p * total:
+        elif (
+            not cuts
+            or spread == math.inf
+            or top_p >= 1.0
+            or float(np.exp(row[ids].astype(np.float64) - best).sum()) >= top_p * total
+        ):
             break
         spread = spread * 4 if spread < 1024 else math.inf
     ids = ids[np.argsort(-row[ids], kind="stable")]

@@ -43,7 +43,7 @@ def is_gguf(path: Path) -> bool:
 
 
 def is_embedding_gguf(path: Path) -> bool:
-    from localserve.models.oneshot import EMBEDDING_ARCHS, gguf_architecture
+    from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture
 
     try:
         return is_gguf(path) and gguf_architecture(path) in EMBEDDING_ARCHS

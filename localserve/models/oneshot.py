@@ -5,7 +5,6 @@ how to open its backend and batcher. The built-in backends
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,12 +12,8 @@ from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
+from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture
 from localserve.models.kinds import ModelKind, kind_of
-
-#: llama.cpp architectures that only make embeddings.
-EMBEDDING_ARCHS = frozenset(
-    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert"}
-)
 
 #: Batching defaults per kind: many short texts; a few 30 s audio windows.
 #: No `max_wait_ms`: an idle model answers at once, and what arrives while it
@@ -67,27 +62,6 @@ def detect_labels(path: Path) -> tuple[str, ...]:
     if path.suffix.lower() in (".onnx", ".xml") and path.with_name(path.stem + ".tokenizer.json").is_file():
         return (ModelKind.EMBEDDINGS,)  # what `localserve convert --format onnx|openvino` writes
     return (ModelKind.CHAT,)
-
-
-def gguf_architecture(path: Path) -> str | None:
-    """`general.architecture` of a GGUF, read from its first key (where every
-    GGUF writer puts it) without loading the file."""
-    try:
-        with path.open("rb") as f:
-            magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
-            if magic != b"GGUF" or n_kv == 0:
-                return None
-            (key_len,) = struct.unpack("<Q", f.read(8))
-            if key_len != len(b"general.architecture"):  # also: never read a damaged file's huge length
-                return None
-            key = f.read(key_len)
-            (value_type,) = struct.unpack("<I", f.read(4))
-            if key != b"general.architecture" or value_type != 8:  # 8: string
-                return None
-            (value_len,) = struct.unpack("<Q", f.read(8))
-            return f.read(min(value_len, 128)).decode("utf-8", errors="replace")
-    except (OSError, struct.error):
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ def classifier_kind(path: Path) -> ModelKind | None:
 def gguf_rank_labels(path: Path) -> tuple[str, ...] | None:
     """The labels of an encoder GGUF whose pooling is `rank` (one if it names
     none), else None."""
-    from localserve.models.oneshot import EMBEDDING_ARCHS, gguf_architecture
+    from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture
 
     arch = gguf_architecture(path)
     if arch not in EMBEDDING_ARCHS:

@@ -335,7 +335,9 @@ def test_warm_up_runs_on_the_step_thread_never_the_loading_one(
     asyncio.run(serve())
 
 
-def lockstep(backend: LlamaCppBackend, prompts: list[list[int]], params: list[SamplingParams], n: int) -> list[list[int]]:
+def lockstep(
+    backend: LlamaCppBackend, prompts: list[list[int]], params: list[SamplingParams], n: int
+) -> list[list[int]]:
     """`n` tokens of each sequence, all sequences in every step's one batch (slot i for sequence i)."""
     backend.clear_slots(range(len(prompts)))
     outs: list[list[int]] = [[] for _ in prompts]

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
-from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, Tools
 
 SKIPPED_BLOCKS = ("thinking", "redacted_thinking")

@@ -8,7 +8,6 @@ from typing import TypeVar
 
 from localserve.engine.types import SamplingParams, parse_priority
 from localserve.serving import types as serving
-from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -19,6 +18,7 @@ from localserve.serving.openai.schemas import (
     ToolChoice,
     ToolDef,
 )
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
 
 T = TypeVar("T")

@@ -11,8 +11,8 @@ from typing import Any
 from localserve.serving.answer import Answer
 from localserve.serving.chat import start_chat
 from localserve.serving.models import ModelHost
-from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.openai.responses_request import ResponsesRequest, chat_request
+from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChoiceResult, ToolCall, Usage
 
 
