@@ -203,3 +203,20 @@ def wait_for_quiet(max_wait_s: float = 420.0, threshold: float = QUIET_LOAD) -> 
         time.sleep(5)
         load = os.getloadavg()[0]
     return load
+
+
+def start_peers(stack: Any, args: argparse.Namespace, model_path: str, tag: str) -> dict[str, str]:
+    """localserve (with its own empty LOCALSERVE_HOME and `args.env`, if any)
+    and llama-server, both up until `stack` (an ExitStack) closes: name -> base URL."""
+    import tempfile
+
+    urls = {}
+    for name in ("localserve", "llama-server"):
+        port = free_port()
+        env: dict[str, str] = {}
+        if name == "localserve":
+            env = {**getattr(args, "env", {}), "LOCALSERVE_HOME": stack.enter_context(tempfile.TemporaryDirectory())}
+        spec = server_specs(args, model_path, port)[name]
+        stack.enter_context(RunningServer(spec, port, CACHE / "logs" / f"{tag}-{name}.log", env))
+        urls[name] = f"http://127.0.0.1:{port}"
+    return urls

@@ -22,7 +22,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,12 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare_servers import (  # noqa: E402
-    CACHE,
     LLAMA_SERVER,
     MODEL_ID,
-    RunningServer,
-    free_port,
-    server_specs,
+    start_peers,
     wait_for_quiet,
 )
 from bench.paired import git_describe, now  # noqa: E402
@@ -84,9 +80,7 @@ async def turn(
     return first - sent, "".join(parts)
 
 
-async def conversation(
-    session: aiohttp.ClientSession, url: str, seed: int, args: argparse.Namespace
-) -> list[float]:
+async def conversation(session: aiohttp.ClientSession, url: str, seed: int, args: argparse.Namespace) -> list[float]:
     rng = random.Random(seed)
     document = synthetic_prompt(args.document_words, seed)
     messages = [{"role": "user", "content": f"Document: {document}\n\n{rng.choice(QUESTIONS)}"}]
@@ -140,13 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path = str(resolve(MODEL_ID).path)
     pairs: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        urls = {}
-        for name in ("localserve", "llama-server"):
-            port = free_port()
-            env = {"LOCALSERVE_HOME": stack.enter_context(tempfile.TemporaryDirectory())} if name == "localserve" else {}
-            spec = server_specs(args, model_path, port)[name]
-            stack.enter_context(RunningServer(spec, port, CACHE / "logs" / f"multiturn-{name}.log", env))
-            urls[name] = f"http://127.0.0.1:{port}"
+        urls = start_peers(stack, args, model_path, "multiturn")
         names = list(urls)
         for pair in range(args.pairs):
             load = wait_for_quiet(args.max_wait_quiet)

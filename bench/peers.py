@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -28,13 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare_servers import (  # noqa: E402
-    CACHE,
     LLAMA_SERVER,
     MODEL_ID,
-    RunningServer,
-    free_port,
-    server_specs,
     server_version,
+    start_peers,
     wait_for_quiet,
 )
 from bench.paired import Cell, Target, git_describe, now, parse_cells, run_pairs, table  # noqa: E402
@@ -76,15 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return round(load, 2)
 
     with ExitStack() as stack:
-        targets = []
-        for name in ("localserve", "llama-server"):
-            port = free_port()
-            spec = server_specs(args, model_path, port)[name]
-            env = dict(args.env)
-            if name == "localserve":
-                env["LOCALSERVE_HOME"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-"))
-            stack.enter_context(RunningServer(spec, port, CACHE / "logs" / f"peers-{name}.log", env))
-            targets.append(Target(name, f"http://127.0.0.1:{port}", MODEL_ID))
+        urls = start_peers(stack, args, model_path, "peers")
+        targets = [Target(name, url, MODEL_ID) for name, url in urls.items()]
         cells = parse_cells(args.streams, args.temperatures)
         result = run_pairs(targets[0], targets[1], cells, pairs=args.pairs, before_cell=before_cell)
     result.update(

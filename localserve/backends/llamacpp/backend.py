@@ -311,6 +311,8 @@ class LlamaCppBackend(GenerativeBackend):
             if num_top is not None:
                 logprob = token_logprob(rows.ctx, index, self._n_vocab, token_id, num_top)
             return SampledToken(token_id, logprob, ends=sampler.ended)
+        if token_id is not None and num_top is None:  # taken by the step's greedy argmax
+            return SampledToken(token_id, None, ends=sampler.ended)
         row = rows.table[rows.row_of(index)]
         if token_id is None:
             token_id = sampler.sample(row)
