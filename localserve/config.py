@@ -42,7 +42,9 @@ class ServerSettings:
     cache_type_v: str | None = None  # ... of V (quantized V needs flash attention)
     flash_attn: str | None = None  # auto | on | off
     batch_tokens: int = 512  # token budget of one step
-    threads: int = 0  # 0: all cores
+    # CPU threads per model: -1 (auto) all cores, fewer while other programs take CPU (engine/threads.py);
+    # 0 all cores, fixed; N: N, fixed
+    threads: int = -1
     allow_hosts: list[str] = field(default_factory=list)  # extra Host header names
     cors_origins: list[str] = field(default_factory=list)  # extra allowed origins
     max_body_bytes: int = 32 * 1024 * 1024
@@ -76,6 +78,16 @@ class ServerSettings:
     no_slots: bool = False  # GET /slots answers 501 (llama-server's --no-slots)
     slot_save_path: str = ""  # where /slots/{id}?action=save|restore keeps prompt caches; "": those actions are 501
     keep_alive: str = ""  # idle time before unloading ("5m", "30s", 0, -1); "" = 5m on demand, start-up models stay
+
+    @property
+    def cpu_threads(self) -> int:
+        """The thread count a backend opens with: 0 = all cores."""
+        return max(0, self.threads)
+
+    @property
+    def adaptive_threads(self) -> bool:
+        """`--threads auto`: the engine chooses each step's count."""
+        return self.threads < 0
 
     def data_path(self) -> Path:
         """`data_dir` if set, else `data_home()`."""

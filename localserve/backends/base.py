@@ -77,7 +77,8 @@ class Tokenizer(ABC):
 class GenerativeBackend(ABC):
     """A loaded generative model driven step by step by the scheduler.
 
-    Threads: `warm_up`, `execute`, `release` and `clear_slots` are called by
+    Threads: `warm_up`, `execute`, `release`, `clear_slots` and
+    `set_cpu_threads` are called by
     the model's step thread only, so their state needs no locks; `execute` must treat the
     batch as one forward pass. `capacity`, `tokenizer`, `info` and `metadata`
     give what was fixed at load and may be called from any thread. `validate`
@@ -101,6 +102,16 @@ class GenerativeBackend(ABC):
         thread (llama.cpp's OpenMP) must first compute there, never on the
         thread that loaded the model (see backends/llamacpp/devices.py)."""
         return None
+
+    def cpu_threads(self) -> int:
+        """The CPU threads a step computes on, when the count may change
+        between steps (`set_cpu_threads`, driven by engine/threads.py); 0 when
+        it is fixed at load (ONNX Runtime's intra-op pool, OpenVINO's compiled
+        model) or the CPU does not compute the steps."""
+        return 0
+
+    def set_cpu_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
+        """Compute the next steps on `threads` (1..the count at load)."""
 
     @abstractmethod
     def execute(self, batch: StepBatch) -> StepResult:

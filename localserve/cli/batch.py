@@ -127,7 +127,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
             from localserve.jobs.ray_progress import ReplicaProgress
             from localserve.jobs.ray_run import RayOptions, run_file_on_ray
 
-            options = RayOptions(args.ray or None, args.replicas or 0, args.concurrency, settings.threads)
+            options = RayOptions(args.ray or None, args.replicas or 0, args.concurrency, settings.cpu_threads)
             summary = await run_file_on_ray(
                 args.input,
                 args.output,

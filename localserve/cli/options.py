@@ -115,6 +115,16 @@ def _device(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _threads(text: str) -> int:
+    """auto (-1), 0 (all cores) or N."""
+    if text.strip().lower() == "auto":
+        return -1
+    try:
+        return int_at_least(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, 0 (all cores) or a number of threads, got {text!r}") from None
+
+
 def _ctx_size(text: str) -> int:
     value = int_at_least(0)(text)
     if 0 < value < 16:
@@ -186,7 +196,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option("--batch-tokens", "batch_tokens", int_at_least(1), "token budget of one engine step", "N"),
-    Option("--threads", "threads", int_at_least(0), "CPU threads per model; 0 = all cores", "N"),
+    Option(
+        "--threads",
+        "threads",
+        _threads,
+        "CPU threads per model: auto (default) = all cores, fewer while other programs keep cores busy; "
+        "0 = all cores, fixed; N = N, fixed",
+        "auto|N",
+    ),
     Option(
         "--device",
         "device",

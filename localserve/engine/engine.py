@@ -41,6 +41,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_disk: Path | None = None  # the prefix cache's disk tier (engine/prefix_disk.py); None: off
     prefix_disk_bytes: int = 0  # its size bound, for every model and process on that folder
+    adaptive_threads: bool = False  # choose each step's CPU threads (engine/threads.py); False: the count at load
 
 
 class RequestStream:
@@ -98,6 +99,7 @@ class _Model:
             scheduler_config=config.scheduler,
             stats=self.stats,
             disk=disk,
+            adaptive_threads=config.adaptive_threads,
         )
         self.capacity = backend.capacity()
 
@@ -274,6 +276,7 @@ class Engine:
                 total_output_tokens=model.stats.total_output_tokens,
                 batch_policy=model.worker.batch_policy,  # batch admission by step time (engine/batch_policy.py)
                 rates=model.stats.snapshot(),
+                threads=model.worker.thread_state,
             )
         return out
 

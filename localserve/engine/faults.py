@@ -49,6 +49,12 @@ class WrappedBackend(GenerativeBackend):
     def warm_up(self) -> None:
         self.inner.warm_up()
 
+    def cpu_threads(self) -> int:
+        return self.inner.cpu_threads()
+
+    def set_cpu_threads(self, threads: int) -> None:
+        self.inner.set_cpu_threads(threads)
+
     def execute(self, batch: StepBatch) -> StepResult:
         return self.inner.execute(batch)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from localserve.engine.batch_policy import BatchPolicySnapshot
 from localserve.engine.prefix_disk import DiskTierStats
+from localserve.engine.threads import ThreadState
 from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
 
 PRIORITY_CLASSES: tuple[str, ...] = tuple(PRIORITY_ALIASES)
@@ -317,3 +318,4 @@ class ModelSnapshot:
     total_output_tokens: int
     batch_policy: BatchPolicySnapshot
     rates: ModelRates
+    threads: ThreadState  # the CPU threads steps compute on, and the CPU other programs take

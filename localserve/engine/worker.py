@@ -21,6 +21,7 @@ from localserve.engine.queue_count import QueueCount
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
 from localserve.engine.stats import ModelStats, SchedulerSnapshot, SeqSnapshot
+from localserve.engine.threads import ThreadChooser, ThreadState, shared_cpu_use
 from localserve.engine.types import FinishReason, GenerateRequest, StepResult, TokenEvent, priority_class
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class StepWorker:
         scheduler_config: SchedulerConfig | None = None,
         stats: ModelStats | None = None,
         disk: DiskPrefixStore | None = None,
+        adaptive_threads: bool = False,
     ) -> None:
         tokenizer = backend.tokenizer()
         self.backend = backend
@@ -81,6 +83,12 @@ class StepWorker:
         self._crashed = False
         self.warmed_up = threading.Event()  # set once the backend has run its warm-up, here on the step thread
         self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
+        # The CPU threads of the next step (engine/threads.py): chosen per window when adaptive.
+        threads = backend.cpu_threads()
+        self.threads: ThreadChooser | None = None
+        if adaptive_threads and threads > 1:
+            self.threads = ThreadChooser(threads, busy_elsewhere=shared_cpu_use().busy_elsewhere)
+        self.thread_state = ThreadState(threads, threads, self.threads is not None, 0.0, 0)
 
     def start(self) -> None:
         self._thread.start()
@@ -224,6 +232,8 @@ class StepWorker:
             outputs = self.scheduler.update(batch, result)
             events = self.scheduler.append_outputs(self.output.process(outputs))  # text and stops
             self.scheduler.observe_step(batch, time.monotonic() - started)  # the step-time model learns
+            if self.threads is not None:
+                self._choose_threads()
         # The scheduler's counters are the one prefill/decode rule (none move in a failed step).
         self.stats.record_step(
             num_prefill=counters.num_prefill_tokens - num_prefill,
@@ -234,6 +244,22 @@ class StepWorker:
         self.queue_count.publish(self.scheduler)  # the slots of the sequences that ended are free
         if events:
             self._post(events)
+
+    def _choose_threads(self) -> None:
+        """The step's time against the step-time model's prediction, and the
+        CPU other programs take, choose the next step's thread count."""
+        assert self.threads is not None
+        model = self.scheduler.policy.model
+        before = self.threads.threads
+        after = self.threads.observe(model.last_measured_s, model.last_predicted_s)
+        if after != before:
+            try:
+                self.backend.set_cpu_threads(after)
+            except Exception:  # keep serving on the count it has
+                log.exception("could not change the thread count of %s; it stays fixed", self._thread.name)
+                self.threads = None
+            else:
+                log.debug("%s: %d -> %d threads", self._thread.name, before, after)
 
     def _running_request_ids(self) -> list[str]:
         ids = []
@@ -318,6 +344,8 @@ class StepWorker:
             disk=dataclasses.replace(self.disk.stats) if self.disk is not None else None,
         )
         self.batch_policy = self.scheduler.policy.snapshot()
+        if self.threads is not None:
+            self.thread_state = self.threads.state()
 
 
 def _error_event(request_id: str, message: str, num_prompt: int, base: TokenEvent | None = None) -> TokenEvent:

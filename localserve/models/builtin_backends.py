@@ -154,7 +154,7 @@ def _decoder_options(ctx: BackendContext) -> dict[str, Any]:
         "parallel": o.parallel,
         "kv_tokens": o.kv_size,
         "batch_tokens": s.batch_tokens,
-        "n_threads": s.threads,
+        "n_threads": s.cpu_threads,
         "device": o.device,
     }
 

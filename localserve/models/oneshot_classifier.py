@@ -86,7 +86,7 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
         log.info("%s: a sequence classifier, on ONNX Runtime (%s)", model_id, variant)
         progress = log_progress(model_id, f"ONNX ({variant})")
         path = cached_classifier_onnx(path, model_id, variant=variant, progress=progress)
-    config = OnnxClassifierConfig(str(path), settings.device or "auto", settings.threads, window)
+    config = OnnxClassifierConfig(str(path), settings.device or "auto", settings.cpu_threads, window)
     return OnnxClassifierBackend(config), path
 
 
@@ -99,7 +99,7 @@ def _open_openvino(model_id: str, path: Path, settings: ServerSettings) -> tuple
 
         log.info("%s: a sequence classifier, on OpenVINO", model_id)
         path = cached_classifier_openvino(path, model_id)
-    config = OpenVinoClassifierConfig(str(path), settings.device or "auto", settings.threads, window)
+    config = OpenVinoClassifierConfig(str(path), settings.device or "auto", settings.cpu_threads, window)
     return OpenVinoClassifierBackend(config), path
 
 
@@ -113,7 +113,7 @@ def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple
 
         log.info("%s: a sequence classifier, on llama.cpp (rank pooling)", model_id)
         path = cached_classifier_gguf(path, model_id, progress=log_progress(model_id))
-    config = LlamaEmbeddingConfig(str(path), n_threads=settings.threads, device=settings.device or "auto")
+    config = LlamaEmbeddingConfig(str(path), n_threads=settings.cpu_threads, device=settings.device or "auto")
     return LlamaClassifierBackend(config), path
 
 

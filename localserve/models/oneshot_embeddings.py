@@ -130,7 +130,7 @@ def _open_onnx(model_id: str, path: Path, settings: ServerSettings) -> tuple[One
 
         variant = onnx_variant(model_id, settings.device or "auto")
         path = cached_onnx(path, model_id, variant=variant, progress=log_progress(model_id, f"ONNX ({variant})"))
-    config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
+    config = OnnxEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.cpu_threads)
     return OnnxEmbeddingBackend(config), path
 
 
@@ -159,7 +159,7 @@ def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple
         from localserve.models.convert.cache import cached_gguf, log_progress
 
         path = cached_gguf(path, model_id, progress=log_progress(model_id))
-    config = LlamaEmbeddingConfig(str(path), n_threads=settings.threads, device=settings.device or "auto")
+    config = LlamaEmbeddingConfig(str(path), n_threads=settings.cpu_threads, device=settings.device or "auto")
     return LlamaEmbeddingBackend(config), path
 
 
@@ -171,7 +171,7 @@ def _open_openvino(model_id: str, path: Path, settings: ServerSettings) -> tuple
         from localserve.models.convert.bert_openvino import cached_openvino_embeddings
 
         path = cached_openvino_embeddings(path, model_id)
-    config = OpenVinoEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.threads)
+    config = OpenVinoEmbeddingConfig(str(path), device=settings.device or "auto", n_threads=settings.cpu_threads)
     return OpenVinoEmbeddingBackend(config), path
 
 

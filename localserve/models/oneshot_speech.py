@@ -43,14 +43,14 @@ def open_speech(model_id: str, path: Path, settings: ServerSettings) -> tuple[On
 
         if path.is_dir():
             path = cached_ggml(path, model_id, progress=log_progress(model_id, "whisper.cpp ggml"))
-        return WhisperCppBackend(WhisperCppConfig(str(path), device, settings.threads)), path
+        return WhisperCppBackend(WhisperCppConfig(str(path), device, settings.cpu_threads)), path
     if backend == OPENVINO:
         from localserve.backends.openvino.whisper import OpenVinoWhisperBackend, OpenVinoWhisperConfig
         from localserve.models.convert.whisper_openvino import cached_openvino, is_openvino_whisper
 
         if not is_openvino_whisper(path):
             path = cached_openvino(path, model_id, progress=log_progress(model_id, "OpenVINO IR"))
-        return OpenVinoWhisperBackend(OpenVinoWhisperConfig(str(path), device, settings.threads)), path
+        return OpenVinoWhisperBackend(OpenVinoWhisperConfig(str(path), device, settings.cpu_threads)), path
     from localserve.backends.speech.faster_whisper import FasterWhisperBackend, WhisperConfig
 
-    return FasterWhisperBackend(WhisperConfig(str(path), device=device, n_threads=settings.threads)), path
+    return FasterWhisperBackend(WhisperConfig(str(path), device=device, n_threads=settings.cpu_threads)), path

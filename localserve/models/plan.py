@@ -137,7 +137,7 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
         parallel=fit.parallel,
         kv_tokens=fit.kv_tokens if fit.shared_pool else 0,  # 0: one stream of n_ctx cells per slot
         batch_tokens=settings.batch_tokens,
-        n_threads=settings.threads,
+        n_threads=settings.cpu_threads,
         device=options.device,
         n_gpu_layers=fit.n_gpu_layers,
         cache_type_k=options.cache_type_k,

@@ -89,6 +89,10 @@ class ModelView:
     n_gpu_layers: int = 0
     n_layers: int = 0  # 0: not known
     batch_policy: BatchPolicyView = field(default_factory=BatchPolicyView)
+    threads: int = 0  # CPU threads its steps compute on (0: not told)
+    max_threads: int = 0
+    threads_mode: str = ""  # "auto" (engine/threads.py chooses) or "fixed"
+    cpu_busy_elsewhere: float = 0.0  # cores other programs kept busy
 
     @property
     def num_running(self) -> int:
@@ -131,7 +135,7 @@ def parse_model(data: Mapping[str, Any]) -> ModelView:
             "decode_tokens_per_s",
         )
     }
-    options, policy = map_(data, "options"), map_(data, "batch_policy")
+    options, policy, threads = map_(data, "options"), map_(data, "batch_policy"), map_(data, "threads")
     return ModelView(
         model_id=str_(data, "id"),
         backend=str_(data, "backend"),
@@ -158,6 +162,10 @@ def parse_model(data: Mapping[str, Any]) -> ModelView:
             batch_held_back=int_(policy, "batch_held_back"),
             lent_slots=int_(policy, "lent_slots"),
         ),
+        threads=int_(threads, "in_use"),
+        max_threads=int_(threads, "max"),
+        threads_mode=str_(threads, "mode"),
+        cpu_busy_elsewhere=num(threads, "cpu_busy_elsewhere"),
         **floats,
     )
 

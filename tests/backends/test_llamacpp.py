@@ -377,3 +377,27 @@ def test_a_seed_gives_the_same_tokens_alone_or_among_eight(smollm2_path: Path) -
             assert among[i] == lockstep(backend, [mates[i]], [greedy], 16)[0]
     finally:
         backend.close()
+
+
+def test_the_thread_count_changes_between_steps_with_the_same_greedy_tokens(smollm2_path: Path) -> None:
+    """`set_cpu_threads` (engine/threads.py's choice) changes llama.cpp's
+    threads from the next decode: greedy output is the same token for token
+    whether a stream runs on 2 threads, on 1, or switches every few steps."""
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=128, n_threads=2))
+    try:
+        assert backend.cpu_threads() == 2
+        prompt = backend.tokenizer().encode("The history of the printing press", add_special=False)
+        on_two = greedy_continue(backend, prompt, 40)
+        backend.set_cpu_threads(1)
+        on_one = greedy_continue(backend, prompt, 40)
+        backend.set_cpu_threads(2)
+        backend.clear_slots([0])
+        switching = [step(backend, [chunk(0, 0, prompt, 0)])[0]]
+        for i in range(39):
+            backend.set_cpu_threads(1 if (i // 3) % 2 else 2)
+            switching.append(step(backend, [chunk(0, 0, [switching[-1]], len(prompt) + i)])[0])
+        backend.release([0])
+        assert on_one == on_two
+        assert switching == on_two
+    finally:
+        backend.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -248,3 +249,48 @@ async def test_batch_work_yields_to_an_interactive_request_within_its_targets(ba
     for chunks, predicted, limit, chat_alone in with_chat:
         assert limit is not None and predicted <= limit + 1e-9, (chunks, predicted, limit)
         assert limit <= 1.2 * chat_alone + 1e-9
+
+
+async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--threads auto on SmolLM2: a CPU reading that says a neighbour comes and
+    goes switches the step's threads mid-stream (2 -> 1 -> 2 ...); the tokens
+    are those of a fixed count, and the stats show the count and the reading."""
+    from localserve.engine import threads as threads_module
+    from localserve.engine import worker as worker_module
+
+    class Flipping:
+        """A neighbour that takes one of the two cores every other reading."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def busy_elsewhere(self) -> float:
+            self.calls += 1
+            return 1.0 if self.calls % 4 < 2 else 0.0
+
+    flipping = Flipping()
+    monkeypatch.setattr(worker_module, "shared_cpu_use", lambda: flipping)
+    monkeypatch.setattr(threads_module, "TICK_S", 0.0)  # a window per MIN_STEPS steps
+    monkeypatch.setattr(threads_module, "MARGIN", 100.0)  # keep every suggested switch: this is about the output
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    smol = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=128, n_threads=2))
+    fixed = Engine(EngineConfig())
+    fixed.add_model("smol", smol)
+    prompt = smol.tokenizer().encode("The history of the printing press", add_special=False)
+    want, _, _ = await run(fixed, request(prompt, max_tokens=48, temperature=0.0, ignore_eos=True))
+    assert fixed.stats()["smol"].threads.adaptive is False
+    await fixed.remove_model("smol", close_backend=False)
+
+    adaptive = Engine(EngineConfig(adaptive_threads=True))
+    adaptive.add_model("smol", smol)
+    try:
+        got, _, _ = await run(adaptive, request(prompt, max_tokens=48, temperature=0.0, ignore_eos=True))
+        assert got == want
+        state = adaptive.stats()["smol"].threads
+        assert state.adaptive and state.max_threads == 2
+        assert state.switches >= 4, state
+        assert flipping.calls >= 8
+    finally:
+        await adaptive.remove_model("smol")

@@ -51,6 +51,9 @@ class FakeEngine:
         assert model_id not in self.models
         self.models.add(model_id)
 
+    async def warmed_up(self, model_id: str) -> None:
+        assert model_id in self.models
+
     async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
         self.models.remove(model_id)
         await asyncio.sleep(0)

@@ -189,6 +189,12 @@ class ServerCollector(Collector):
         kv_used = GaugeMetricFamily("localserve_kv_cache_used_tokens", "KV cache cells in use", labels=m)
         kv_total = GaugeMetricFamily("localserve_kv_cache_capacity_tokens", "KV cache cells in all", labels=m)
         batch = GaugeMetricFamily("localserve_last_batch_size", "Sequences in the last engine step", labels=m)
+        threads = GaugeMetricFamily("localserve_threads", "CPU threads the model's steps compute on", labels=m)
+        busy_elsewhere = GaugeMetricFamily(
+            "localserve_cpu_busy_elsewhere_cores",
+            "Cores other programs kept busy, as the model's thread choice last measured (0 with --threads N)",
+            labels=m,
+        )
         for model_id, s in stats.items():
             sched = s.scheduler
             # The step thread publishes its snapshot at most every 100 ms; with
@@ -210,8 +216,10 @@ class ServerCollector(Collector):
             kv_used.add_metric([model_id], sched.kv_used)
             kv_total.add_metric([model_id], s.kv_total)
             batch.add_metric([model_id], (s.recent_batch_sizes or (0,))[-1])
+            threads.add_metric([model_id], s.threads.threads)
+            busy_elsewhere.add_metric([model_id], s.threads.busy_elsewhere)
         yield from (prompt, generated, cached, preempted, drafted, accepted, queue, running, in_flight, kv_used)
-        yield from (kv_total, batch, *disk.values())
+        yield from (kv_total, batch, threads, busy_elsewhere, *disk.values())
 
     def _latencies(self, histograms: Mapping[str, Mapping[str, Mapping[str, Histogram]]]) -> Iterator[Metric]:
         families = {

@@ -13,6 +13,7 @@ from localserve.engine.batch_policy import BatchPolicySnapshot
 from localserve.engine.batcher_stats import BatcherSnapshot
 from localserve.engine.prefix_disk import DiskTierStats
 from localserve.engine.stats import ModelRates, ModelSnapshot, SchedulerSnapshot, SeqSnapshot
+from localserve.engine.threads import ThreadState
 
 
 def model_json(model_id: str, stats: ModelSnapshot) -> dict[str, Any]:
@@ -30,7 +31,19 @@ def model_json(model_id: str, stats: ModelSnapshot) -> dict[str, Any]:
         "total_prompt_tokens": stats.total_prompt_tokens,
         "total_output_tokens": stats.total_output_tokens,
         "batch_policy": policy_json(stats.batch_policy),
+        "threads": threads_json(stats.threads),
         **rates_json(stats.rates),
+    }
+
+
+def threads_json(state: ThreadState) -> dict[str, Any]:
+    """The CPU threads steps compute on (engine/threads.py)."""
+    return {
+        "in_use": state.threads,
+        "max": state.max_threads,
+        "mode": "auto" if state.adaptive else "fixed",
+        "cpu_busy_elsewhere": round(state.busy_elsewhere, 2),  # cores other programs kept busy
+        "switches": state.switches,
     }
 
 

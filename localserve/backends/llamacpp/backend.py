@@ -126,7 +126,7 @@ class LlamaCppBackend(GenerativeBackend):
         parallel = max(1, config.parallel)
         unified = config.kv_unified or parallel == 1 or 0 < config.kv_tokens < n_ctx * parallel
         kv_tokens = max(config.kv_tokens, n_ctx) if unified and config.kv_tokens else n_ctx * parallel
-        threads = config.n_threads or os.cpu_count() or 1
+        threads = self._threads = config.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = kv_tokens
         params.n_batch = config.batch_tokens
@@ -171,7 +171,7 @@ class LlamaCppBackend(GenerativeBackend):
             parallel=self._capacity.max_num_seqs,
             unified=not self._split_kv,
             batch_tokens=config.batch_tokens,
-            threads=config.n_threads or os.cpu_count() or 1,
+            threads=self._threads,
             device=config.device,
             n_gpu_layers=config.n_gpu_layers,
         )
@@ -192,6 +192,18 @@ class LlamaCppBackend(GenerativeBackend):
 
     def tokenizer(self) -> LlamaTokenizer:
         return self._tokenizer
+
+    def cpu_threads(self) -> int:
+        return self._threads
+
+    def set_cpu_threads(self, threads: int) -> None:
+        """llama.cpp takes the count per decode (`llama_set_n_threads`); with
+        one thread ggml computes on the calling thread, no OpenMP team."""
+        ctx, _, _ = self._native()
+        threads = max(1, min(self._threads, threads))
+        llama_cpp.llama_set_n_threads(ctx, threads, threads)
+        if self._draft is not None:
+            self._draft.set_threads(threads)
 
     def info(self) -> BackendInfo:
         model = self._model

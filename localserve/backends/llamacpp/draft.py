@@ -92,6 +92,11 @@ class DraftModel:
         assert self._model is not None
         warm_up(self._model, ctx, batch)
 
+    def set_threads(self, threads: int) -> None:
+        """Compute on `threads` from the next decode (the target's `set_cpu_threads`)."""
+        ctx, _ = self._native()
+        llama_cpp.llama_set_n_threads(ctx, threads, threads)
+
     # ---- following the target ----------------------------------------------------------------
 
     def follow_kv_ops(self, kv_ops: Sequence[KvOp]) -> None:

@@ -355,7 +355,11 @@ class ModelRegistry(RegistryViews):
         )
         disk_root, disk_bytes = prefix_disk(settings)
         return EngineConfig(
-            max_queue=settings.max_queue, scheduler=scheduler, prefix_disk=disk_root, prefix_disk_bytes=disk_bytes
+            max_queue=settings.max_queue,
+            scheduler=scheduler,
+            prefix_disk=disk_root,
+            prefix_disk_bytes=disk_bytes,
+            adaptive_threads=settings.adaptive_threads,
         )
 
     # ---- unloading -------------------------------------------------------------------

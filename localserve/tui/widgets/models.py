@@ -17,6 +17,7 @@ COLUMNS = (
     Col("backend", shows_from=100),
     Col("device"),
     Col("layers", numeric=True),  # offloaded to the GPU / all
+    Col("threads", numeric=True),  # CPU threads in use (of the most, when fewer)
     Col("weights", numeric=True),
     Col("KV", numeric=True),
     Col("ctx×slots", numeric=True),
@@ -64,7 +65,8 @@ class ModelsPanel(Widget):
         if snap is None:
             return Text("waiting for the server …", style="dim")
         rows = [self._generative(m) for m in snap.models] + [self._one_shot(m) for m in snap.one_shot]
-        notes = [Text(f"◌ {name} loading …", style="yellow") for name in snap.loading]
+        notes = [_threads_note(m) for m in snap.models if 0 < m.threads < m.max_threads]
+        notes += [Text(f"◌ {name} loading …", style="yellow") for name in snap.loading]
         notes += [Text(f"✖ {name}: {why}", style="red") for name, why in snap.load_errors.items()]
         if not rows:
             return Group(*notes) if notes else Text("no model loaded", style="dim")
@@ -82,6 +84,7 @@ class ModelsPanel(Widget):
             Text(m.backend, style="magenta"),
             Text(m.device, style="magenta"),
             layers,
+            _threads_cell(m),
             fmt_mib(m.weights_mib),
             fmt_mib(m.kv_mib),
             f"{m.n_ctx}×{m.max_num_seqs}",
@@ -109,8 +112,27 @@ class ModelsPanel(Widget):
             DASH,
             DASH,
             DASH,
+            DASH,
             f"{m.mean_batch_size:.1f}",
             f"{m.busy_fraction:.0%}",
             f"{activity} · padding {m.padding_ratio:.0%}",
             m.keep_alive.describe(),
         ]
+
+
+def _threads_cell(m: ModelView) -> Text | str:
+    if not m.threads:
+        return DASH
+    if m.threads < m.max_threads:
+        return Text(f"{m.threads}/{m.max_threads}", style="yellow")
+    return str(m.threads)
+
+
+def _threads_note(m: ModelView) -> Text:
+    """Why a model computes on fewer threads than it could."""
+    fewer = m.max_threads - m.threads
+    return Text(
+        f"⚙ CPU busy elsewhere ({m.cpu_busy_elsewhere:.1f} cores): {m.model_id} runs on "
+        f"{m.threads} of {m.max_threads} threads, {fewer} thread{'s' if fewer > 1 else ''} fewer",
+        style="yellow",
+    )

@@ -1,0 +1,223 @@
+"""Threads that adapt: how many CPU threads the next step computes on.
+
+A desktop server shares its cores with a browser, an editor, a build. The
+CPU threads of one llama.cpp step meet at a barrier after every operation,
+so one thread that the OS descheduled stalls the whole graph. Measured on 2
+vCPUs with one other process spinning on one core (issue 43): two threads
+fell to a fifth of their quiet speed at one stream, one thread kept 80%.
+
+Two signals choose the count, both over short windows (`TICK_S`), never a
+single step:
+
+- `CpuUse`: the cores that other programs keep busy, from the system's CPU
+  times minus this process's own (psutil; steal time counts, it is a core
+  the hypervisor gave elsewhere). The count it suggests is the cores left
+  free, rounded half down: on 2 cores a neighbour that takes 0.67 of a core
+  while it competes with two spinning threads already means one thread.
+- The step times: each step's measured seconds over what the step-time
+  model (`engine/step_model.py`) predicts. A switch is a trial: its window's
+  ratio is compared with the window before it, and the switch is undone
+  when it made steps slower (`MARGIN`). A window in which the reading moved
+  by half a core or more mixed two conditions: it starts no trial and
+  judges none. An undone switch is not tried again
+  for a hold time that doubles up to `MAX_HOLD_S`, unless the other
+  programs' use moves by a core. Steps that run much slower than predicted
+  with no visible neighbour (`SLOW_RATIO`) try one thread fewer, kept only
+  when it wins.
+
+`ThreadChooser` is pure logic over an injected clock and CPU reading, so
+tests drive it with scripted ones; `StepWorker` calls `observe` after each
+step and hands a changed count to `GenerativeBackend.set_cpu_threads`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+TICK_S = 0.25  # a decision window: at least this long ...
+MIN_STEPS = 3  # ... and this many steps
+MARGIN = 0.10  # a trial switch is undone when its steps run this much slower than before it
+EXPLORE_GAIN = 0.10  # a switch the CPU reading did not suggest is kept only when this much faster
+SLOW_RATIO = 1.5  # steps this much slower than predicted, with no neighbour seen, try one thread fewer
+HOLD_S = 5.0  # an undone switch waits this long before it is tried again (doubling) ...
+MAX_HOLD_S = 60.0  # ... up to this
+MOVED_CORES = 0.5  # a reading this far from the last one means the window mixed two conditions
+GROW_SLACK = 0.3  # one more thread only when its core is at least 70% free
+MIN_SAMPLE_S = 0.2  # CpuUse re-reads the counters at most this often
+
+
+class CpuUse:
+    """Cores that other processes keep busy, averaged since the previous
+    reading (which is at least `MIN_SAMPLE_S` old). Thread-safe: every step
+    thread of the process shares one (`shared_cpu_use`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._process = psutil.Process()
+        self._lock = threading.Lock()
+        self._last = self._read()
+        self._busy_elsewhere = 0.0
+
+    def _read(self) -> tuple[float, float, float]:
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+        # guest time is already inside user time on Linux
+        busy -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+        own = self._process.cpu_times()
+        return self._clock(), busy, own.user + own.system
+
+    def busy_elsewhere(self) -> float:
+        """Cores other processes used since the last reading (0 when unknown)."""
+        with self._lock:
+            now = self._clock()
+            if now - self._last[0] >= MIN_SAMPLE_S:
+                try:
+                    current = self._read()
+                except (OSError, psutil.Error):  # counters unreadable here: assume a quiet machine
+                    return 0.0
+                wall = current[0] - self._last[0]
+                other = (current[1] - self._last[1]) - (current[2] - self._last[2])
+                self._busy_elsewhere = max(0.0, other / wall) if wall > 0 else 0.0
+                self._last = current
+            return self._busy_elsewhere
+
+
+_shared: CpuUse | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_cpu_use() -> CpuUse:
+    """The process's one `CpuUse`."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = CpuUse()
+        return _shared
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    """What the chooser shows: the count in use and why."""
+
+    threads: int  # the count the next step computes on
+    max_threads: int
+    adaptive: bool  # False: --threads N pinned the count
+    busy_elsewhere: float  # cores other programs kept busy in the last window
+    switches: int  # changes of count so far
+
+
+@dataclass(slots=True)
+class _Trial:
+    previous: int  # the count before the switch
+    previous_ratio: float  # its window's measured / predicted step time
+    suggested: bool  # the CPU reading asked for it (else an exploration)
+
+
+class ThreadChooser:
+    """Chooses the thread count of the next step (module doc). The step
+    thread owns it: `observe` after each step; `threads` is the count."""
+
+    def __init__(
+        self,
+        max_threads: int,
+        *,
+        busy_elsewhere: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+        num_cores: int | None = None,
+    ) -> None:
+        self.max_threads = max(1, max_threads)
+        self.threads = self.max_threads
+        self.switches = 0
+        self.last_busy_elsewhere = 0.0
+        self._read_once = False
+        self._busy = busy_elsewhere
+        self._clock = clock
+        self._cores = num_cores or os.cpu_count() or self.max_threads
+        self._window_start = clock()
+        self._ratio_sum = 0.0
+        self._num_steps = 0
+        self._trial: _Trial | None = None
+        self._held: dict[tuple[int, int], tuple[float, float]] = {}  # (from, to) -> (until, busy then)
+        self._hold_s: dict[tuple[int, int], float] = {}
+
+    def state(self, *, adaptive: bool = True) -> ThreadState:
+        return ThreadState(self.threads, self.max_threads, adaptive, self.last_busy_elsewhere, self.switches)
+
+    def suggested(self, busy_elsewhere: float) -> int:
+        """The count the CPU reading asks for: fewer when the free cores,
+        rounded half down, are fewer than the threads; more only when the
+        extra core is at least `1 - GROW_SLACK` free (a band between the two,
+        so a neighbour near half a core does not flip the count each window)."""
+        free = self._cores - busy_elsewhere
+        target = self.threads
+        fewer = math.ceil(free - 0.5)
+        more = math.floor(free + GROW_SLACK)
+        if fewer < target:
+            target = fewer
+        elif more > target:
+            target = more
+        return max(1, min(self.max_threads, target))
+
+    def observe(self, measured_s: float, predicted_s: float) -> int:
+        """One step that ran on `threads`; returns the count for the next."""
+        if predicted_s > 0 and 0 <= measured_s < math.inf:
+            self._ratio_sum += measured_s / predicted_s
+            self._num_steps += 1
+        now = self._clock()
+        if self._num_steps < MIN_STEPS or now - self._window_start < TICK_S:
+            return self.threads
+        ratio = self._ratio_sum / self._num_steps
+        self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
+        busy = self._busy()
+        moved = self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
+        self.last_busy_elsewhere, self._read_once = busy, True
+        if self._trial is not None:
+            if not moved:  # else the neighbours changed during the trial: no verdict, the reading decides next
+                self._judge(self._trial, ratio, busy, now)
+            self._trial = None
+            return self.threads
+        if moved:  # this window mixed two conditions: compare against a clean one first
+            return self.threads
+        target = self.suggested(busy)
+        if target != self.threads:
+            self._try(target, ratio, busy, now, suggested=True)
+        elif ratio > SLOW_RATIO and self.threads > 1:
+            self._try(self.threads - 1, ratio, busy, now, suggested=False)
+        return self.threads
+
+    def _try(self, target: int, ratio: float, busy: float, now: float, *, suggested: bool) -> None:
+        key = (self.threads, target)
+        held = self._held.get(key)
+        if held is not None:
+            until, busy_then = held
+            if now < until and abs(busy - busy_then) < 1.0:
+                return
+        self._trial = _Trial(self.threads, ratio, suggested)
+        self._switch(target)
+
+    def _judge(self, trial: _Trial, ratio: float, busy: float, now: float) -> None:
+        """Keep the switch, or undo it and hold it off for a while."""
+        if trial.suggested:
+            lost = ratio > trial.previous_ratio * (1.0 + MARGIN)
+        else:
+            lost = ratio > trial.previous_ratio * (1.0 - EXPLORE_GAIN)
+        key = (trial.previous, self.threads)
+        if not lost:
+            self._hold_s.pop(key, None)
+            return
+        hold = self._hold_s.get(key, HOLD_S / 2) * 2
+        self._hold_s[key] = min(MAX_HOLD_S, hold)
+        self._held[key] = (now + self._hold_s[key], busy)
+        self._switch(trial.previous)
+
+    def _switch(self, threads: int) -> None:
+        if threads != self.threads:
+            self.threads = threads
+            self.switches += 1
