@@ -34,8 +34,9 @@ class ServerSpec:
 def server_specs(args: argparse.Namespace, model_path: str, port: int) -> dict[str, ServerSpec]:
     """How each server is started: same model, threads, slots and context per slot."""
     t, p, ctx = args.threads, args.parallel, args.ctx_size
+    lt = getattr(args, "localserve_threads", None) or t  # bench/busy_desktop.py: auto against llama-server's -t
     py = sys.executable
-    localserve = f"-m localserve serve --port {port} --model {MODEL_ID} --threads {t} --parallel {p} --ctx-size {ctx}"
+    localserve = f"-m localserve serve --port {port} --model {MODEL_ID} --threads {lt} --parallel {p} --ctx-size {ctx}"
     llama_server = f"--host 127.0.0.1 --port {port} -t {t} -tb {t} -np {p} -c {p * ctx} --cont-batching -a {MODEL_ID}"
     # llama_cpp.server's default --interrupt_requests True ends a stream whenever another request arrives.
     llama_cpp_server = (

@@ -14,6 +14,8 @@ threads, 16 slots x 1024), each with its own empty LOCALSERVE_HOME. The cells
 then a table of HEAD / BASE tok/s per cell (median of the pairs and their
 range), and exits 1 when a cell's median falls below --threshold (0.95).
 About 4 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
+`--head-threads auto` measures the adaptive thread count against a fixed
+one (`guard.py HEAD --head-threads auto`: the same code on both sides).
 """
 
 from __future__ import annotations
@@ -59,12 +61,12 @@ def checkout(rev: str) -> tuple[Path, str]:
     return path, sha
 
 
-def serve(tree: Path, args: argparse.Namespace, stack: ExitStack, label: str) -> Target:
+def serve(tree: Path, args: argparse.Namespace, stack: ExitStack, label: str, threads: str) -> Target:
     """Start localserve from `tree` on a free port, with its own data directory."""
     port = free_port()
     home = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"guard-{label}-"))
     argv = [sys.executable, "-m", "localserve", "serve", "--port", str(port), "--model", MODEL_ID]
-    argv += ["--threads", str(args.threads), "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size)]
+    argv += ["--threads", threads, "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size)]
     env = {"PYTHONPATH": str(tree), "LOCALSERVE_HOME": home}
     log = CACHE / "logs" / f"guard-{label}.log"
     stack.enter_context(RunningServer(ServerSpec(label, argv, "/health"), port, log, env, cwd=tree))
@@ -80,7 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--temperatures", default="0,0.7", help="sampling temperatures, 0 is greedy (default: 0,0.7)")
     add("--pairs", type=int, default=3, help="pairs of runs per cell (default: 3)")
     add("--threshold", type=float, default=0.95, help="lowest HEAD/BASE median accepted per cell (default: 0.95)")
-    add("--threads", type=int, default=2, help="--threads of both servers (default: 2)")
+    add("--threads", default="2", help="--threads of both servers (default: 2)")
+    add(
+        "--head-threads",
+        default=None,
+        help="--threads of HEAD only, e.g. auto against a fixed BASE (default: --threads)",
+    )
     add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
     add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
     add("--json", type=Path, default=None, help="also write the result here (e.g. bench/results/guard-X.json)")
@@ -97,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     load = wait_for_quiet(args.max_wait_quiet)
     print(f"guard: HEAD {head_sha} against BASE {base_sha}; 1-minute load {load:.2f}", flush=True)
     with ExitStack() as stack:
-        head = serve(head_tree, args, stack, f"head-{head_sha}")
-        base = serve(base_tree, args, stack, f"base-{base_sha}")
+        head = serve(head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads)
+        base = serve(base_tree, args, stack, f"base-{base_sha}", args.threads)
         result = run_pairs(head, base, parse_cells(args.streams, args.temperatures), pairs=args.pairs)
     result.update(
         {
@@ -110,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": round(os.getloadavg()[0], 2),
             "threshold": args.threshold,
             "servers": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
+            "head_threads": args.head_threads or args.threads,
         }
     )
     failing = [c["label"] for c in result["cells"] if c["ratio_median"] < args.threshold]

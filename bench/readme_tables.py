@@ -83,9 +83,42 @@ def multiturn() -> str:
     return "\n".join(lines)
 
 
+def busy_desktop() -> str:
+    """localserve (--threads auto) and llama-server with other programs on the CPU (bench/busy_desktop.py)."""
+    data = _load("busy-desktop.json")
+    lines = [
+        "| condition | streams | localserve tok/s | llama-server tok/s | localserve / llama-server (median, range) "
+        "| localserve / its quiet | threads localserve chose | load before |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    own = data.get("localserve_over_its_quiet", {})
+    for name, result in data["conditions"].items():
+        chosen = result.get("localserve_threads", {})
+        for c in result["cells"]:
+            ls, ll = c["localserve"], c["llama-server"]
+            of_quiet = own.get(name, {}).get(c["label"])
+            lines.append(
+                f"| {name} | {c['streams']} | {ls['tok_s']:.1f} | {ll['tok_s']:.1f} "
+                f"| **{c['ratio_median']:.2f}** ({c['ratio_min']:.2f}-{c['ratio_max']:.2f}) "
+                f"| {f'{of_quiet:.2f}' if of_quiet is not None else '-'} "
+                f"| {chosen.get('in_use', '?')} of {chosen.get('max', '?')} | {c['loadavg_before']} |"
+            )
+    pairs = len(next(iter(data["conditions"].values()))["cells"][0]["runs"])
+    on_s, off_s = data["burst_s"]
+    lines.append("")
+    lines.append(
+        f"Commit {data['commit']}, {data['started'][:10]}, {data['cores']} cores, load {data['loadavg_before']} at "
+        f"the start; busy: {data['busy_cores']} process(es) spinning; bursty: spinning {on_s:g} s, idle {off_s:g} s; "
+        f"{pairs} pairs per cell; {data['settings']}; greedy, 128 tokens. "
+        "Source: `bench/results/busy-desktop.json`."
+    )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "peers-llama-server": peers_llama_server,
     "multiturn": multiturn,
+    "busy-desktop": busy_desktop,
 }
 
 _BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table:(?P=name) -->)", re.DOTALL)

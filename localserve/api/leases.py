@@ -49,7 +49,7 @@ async def use_model(request: web.Request, model_id: str, *, kind: Kinds | None, 
     unknown, 503 no room."""
     if keep_alive is None:
         keep_alive = await body_keep_alive(request)
-    lease = await request.app[REGISTRY].acquire(model_id, kind=kind, keep_alive=keep_alive)  # type: ignore[arg-type]  # acquire takes Kinds; its annotation follows (registry/core.py)
+    lease = await request.app[REGISTRY].acquire(model_id, kind=kind, keep_alive=keep_alive)
     request.setdefault(_LEASES, []).append(lease)
     return lease.model_id
 

@@ -159,7 +159,7 @@ class _CallModels:
         return self._models.registry
 
     async def hold(self, model_id: str, kind: Kinds) -> str:
-        lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)  # type: ignore[arg-type]  # acquire takes Kinds; its annotation follows (registry/core.py)
+        lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)
         self._leases.append(lease)
         return lease.model_id
 

@@ -56,7 +56,7 @@ from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
 from localserve.models.catalog import ModelOptions
-from localserve.models.kinds import ModelKind, kind_of
+from localserve.models.kinds import Kinds, ModelKind, kind_of
 from localserve.models.names import validate_model_id
 from localserve.models.oneshot import oneshot_kind
 from localserve.models.plan import LoadReport
@@ -198,7 +198,7 @@ class ModelRegistry(RegistryViews):
         self,
         name: str,
         *,
-        kind: ModelKind | None = None,
+        kind: Kinds | None = None,
         keep_alive: object = None,
         options: ModelOptions | None = None,
     ) -> Lease:
@@ -227,7 +227,7 @@ class ModelRegistry(RegistryViews):
         record.keep_alive_s = record.default_keep_alive_s if lease.keep_alive_s is None else lease.keep_alive_s
         self.keeper.changed()
 
-    async def _record(self, name: str, kind: ModelKind | None, options: ModelOptions | None) -> ModelRecord:
+    async def _record(self, name: str, kind: Kinds | None, options: ModelOptions | None) -> ModelRecord:
         """The record of the model `name` means, its load started if needed."""
         model_id = self._names.get(name, name)
         while True:
