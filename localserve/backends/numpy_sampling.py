@@ -3,7 +3,8 @@ whose runtime returns logits (ONNX Runtime, OpenVINO), and a whole step's
 rows in one call for llama.cpp (`sample_rows`).
 
 Same order and meaning as llama.cpp's chain (llamacpp/sampling.py):
-logit bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw.
+logit bias -> penalties -> top_k -> typical_p -> top_p -> min_p ->
+temperature -> draw.
 The cheap cuts come first, and no cut sorts or partitions the whole
 vocabulary: the candidates are the tokens within a spread of the best
 logit (one comparison pass), widened until they provably hold every token
@@ -158,7 +159,12 @@ class NumpySampler:
 
     def _draw(self, row: np.ndarray) -> int:
         p = self.params
-        ids, logits, top_p = _candidates(row, p.top_k, p.top_p, p.min_p)
+        if p.typical_p < 1.0:  # its entropy is over every token top_k keeps: no spread
+            ids, logits, _ = _candidates(row, p.top_k, 1.0, 0.0)
+            ids, logits = _typical(ids, logits, p.typical_p)
+            top_p = p.top_p
+        else:
+            ids, logits, top_p = _candidates(row, p.top_k, p.top_p, p.min_p)
         keep = _keep(logits, top_p, p.min_p)
         weights = np.exp((logits[:keep].astype(np.float64) - float(logits[0])) / p.temperature)
         cumulative = np.cumsum(weights)
@@ -206,6 +212,22 @@ def _candidates(row: np.ndarray, top_k: int, top_p: float, min_p: float) -> tupl
         # top_p's mass is the whole vocabulary's: scale it to the candidates'
         top_p = top_p * total / float(np.exp(logits.astype(np.float64) - best).sum())
     return ids, logits, min(top_p, 1.0)
+
+
+def _typical(ids: np.ndarray, logits: np.ndarray, typical_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling (Meister et al., as llama.cpp's
+    `llama_sampler_init_typical`): the tokens whose surprise is closest to
+    the distribution's entropy, in that order, until their mass exceeds
+    `typical_p`; returned best first again."""
+    shifted = logits.astype(np.float64) - float(logits[0])
+    log_probs = shifted - math.log(float(np.exp(shifted).sum()))
+    probs = np.exp(log_probs)
+    entropy = -float((probs * log_probs).sum())
+    order = np.argsort(np.abs(-log_probs - entropy), kind="stable")
+    mass = np.cumsum(probs[order])
+    keep = min(len(order), int(np.searchsorted(mass, typical_p, side="right")) + 1)
+    chosen = np.sort(order[:keep])  # positions in the best-first candidates: best first
+    return ids[chosen], logits[chosen]
 
 
 def _keep(sorted_logits: np.ndarray, top_p: float, min_p: float) -> int:

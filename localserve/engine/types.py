@@ -57,6 +57,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     top_p: float = 1.0
     min_p: float = 0.0
+    typical_p: float = 1.0  # locally typical sampling; 1: off
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -80,12 +80,26 @@ def test_logprobs_come_from_the_raw_distribution() -> None:
 
 def reference(row: np.ndarray, p: SamplingParams) -> dict[int, float]:
     """The distribution the cuts define, by the book: sort everything, cut
-    top_k, then top_p and min_p on the softmax of what is left, then apply
-    the temperature (llama.cpp's order)."""
+    top_k, then typical_p, then top_p and min_p on the softmax of what is
+    left, then apply the temperature (llama.cpp's order)."""
     order = np.argsort(-row, kind="stable")
     if 0 < p.top_k < len(row):
         order = order[: p.top_k]
     logits = row[order].astype(np.float64)
+    if p.typical_p < 1.0:  # surprise closest to the entropy first, until the mass exceeds typical_p
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        surprise = -np.log(probs)
+        entropy = float((probs * surprise).sum())
+        by_typicality = sorted(range(len(order)), key=lambda i: (abs(surprise[i] - entropy), i))
+        kept, mass = [], 0.0
+        for i in by_typicality:
+            kept.append(i)
+            mass += probs[i]
+            if mass > p.typical_p:
+                break
+        kept.sort()
+        order, logits = order[kept], logits[kept]
     probs = np.exp(logits - logits[0])
     keep = len(order)
     if p.top_p < 1.0:
@@ -124,8 +138,10 @@ def assert_samples_follow(row: np.ndarray, params: SamplingParams, n: int = 20_0
         SamplingParams(temperature=0.5, min_p=0.2, seed=4),
         SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5),  # no cut at all
         SamplingParams(temperature=0.9, top_k=100, top_p=0.5, min_p=0.01, seed=6),
+        SamplingParams(temperature=1.0, typical_p=0.5, seed=10),
+        SamplingParams(temperature=0.8, top_k=40, typical_p=0.7, top_p=0.9, min_p=0.02, seed=11),
     ],
-    ids=["defaults", "top_k", "top_p", "min_p", "none", "all"],
+    ids=["defaults", "top_k", "top_p", "min_p", "none", "all", "typical", "typical-and-cuts"],
 )
 def test_each_cut_draws_exactly_the_reference_distribution(params: SamplingParams) -> None:
     rng = np.random.default_rng(7)

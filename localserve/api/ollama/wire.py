@@ -53,6 +53,7 @@ class OllamaOptions(_Model):
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    typical_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] | None = Field(default=None, max_length=MAX_STOP)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
@@ -131,6 +132,7 @@ def ollama_options(options: OllamaOptions | None, *, priority: float) -> Options
         top_k=_or(o.top_k, 40),
         top_p=_or(o.top_p, 0.9),
         min_p=_or(o.min_p, 0.0),
+        typical_p=_or(o.typical_p, 1.0),
         repeat_penalty=_or(o.repeat_penalty, 1.1),
         penalty_last_n=_or(o.repeat_last_n, 64),  # -1: the whole context
         presence_penalty=_or(o.presence_penalty, 0.0),

@@ -1,7 +1,7 @@
 """Per-sequence llama.cpp sampler chains and log-probabilities.
 
 The chain follows llama.cpp's own default order, cheapest cuts first:
-logit bias -> (grammar, see SamplerChain) -> penalties -> top_k -> top_p -> min_p -> temperature
+logit bias -> (grammar, see SamplerChain) -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature
 -> dist(seed). Samplers that would be no-ops (top_p = 1, min_p = 0, no
 penalties) are left out: each one costs a pass over the candidates.
 """
@@ -189,6 +189,8 @@ def _samplers(params: SamplingParams, n_vocab: int) -> list[llama_cpp.llama_samp
         return out
     if params.top_k > 0:
         out.append(llama_cpp.llama_sampler_init_top_k(params.top_k))
+    if params.typical_p < 1.0:
+        out.append(llama_cpp.llama_sampler_init_typical(params.typical_p, 1))
     if params.top_p < 1.0:
         out.append(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
     if params.min_p > 0.0:

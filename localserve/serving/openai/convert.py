@@ -35,6 +35,7 @@ def sampling(fields: SamplingFields) -> SamplingParams:
         top_k=_or(fields.top_k, defaults.top_k),
         top_p=_or(fields.top_p, defaults.top_p),
         min_p=_or(fields.min_p, defaults.min_p),
+        typical_p=_or(fields.typical_p, defaults.typical_p),
         repeat_penalty=_or(fields.repeat_penalty, defaults.repeat_penalty),
         presence_penalty=_or(fields.presence_penalty, defaults.presence_penalty),
         frequency_penalty=_or(fields.frequency_penalty, defaults.frequency_penalty),

@@ -166,6 +166,7 @@ class SamplingFields(_Model):
     top_p: Probability | None = None
     top_k: int | None = Field(default=None, ge=0)
     min_p: Probability | None = None
+    typical_p: Probability | None = None  # llama-server's extension; 1: off
     seed: int | None = None
     stop: str | list[str] | None = None
     presence_penalty: Penalty | None = None
