@@ -173,6 +173,15 @@ class OneShotBackend(ABC, Generic[ItemT, OutputT]):
         language/task/prompt)."""
         return None
 
+    def cpu_threads(self) -> int:
+        """As `GenerativeBackend.cpu_threads`: the CPU threads a `run`
+        computes on when the count may change between runs; 0 when fixed."""
+        return 0
+
+    def set_cpu_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
+        """Compute the next runs on `threads` (1..the count at load); the
+        batcher's thread calls it between runs."""
+
     @abstractmethod
     def info(self) -> BackendInfo: ...
 

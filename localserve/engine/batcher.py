@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 from localserve.backends.base import OneShotBackend
 from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
 from localserve.engine.batcher_stats import BatcherSnapshot, BatcherStats
+from localserve.engine.threads import ThreadChooser, shared_cpu_use
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
 
@@ -94,6 +95,7 @@ class Batcher(Generic[ItemT, OutputT]):
         config: BatcherConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        adaptive_threads: bool = False,
     ) -> None:
         self.name = name
         self.backend = backend
@@ -109,6 +111,11 @@ class Batcher(Generic[ItemT, OutputT]):
         self._order = itertools.count()
         self._stats = BatcherStats()
         self._stopping = False
+        # --threads auto: each run on the cores other programs leave free (engine/threads.py)
+        threads = backend.cpu_threads()
+        self.threads: ThreadChooser | None = None
+        if adaptive_threads and threads > 1:
+            self.threads = ThreadChooser(threads, busy_elsewhere=shared_cpu_use().busy_elsewhere)
         self._thread = threading.Thread(target=self._run, name=f"batch-{name}", daemon=True)
         self._thread.start()
 
@@ -258,10 +265,23 @@ class Batcher(Generic[ItemT, OutputT]):
             for group in groups:
                 self._run_group([entries[i] for i in group])
 
+    def _follow_threads(self) -> None:
+        assert self.threads is not None
+        before = self.threads.threads
+        after = self.threads.follow_reading()
+        if after != before:
+            try:
+                self.backend.set_cpu_threads(after)
+            except Exception:  # keep serving on the count it has
+                log.exception("could not change the thread count of %s; it stays fixed", self.name)
+                self.threads = None
+
     def _run_group(self, group: list[_Entry[ItemT]]) -> None:
         group = [e for e in group if not e.request.cancelled and not e.request.future.done()]
         if not group:
             return
+        if self.threads is not None:
+            self._follow_threads()
         started = time.monotonic()
         try:
             outputs = self.backend.run([e.item for e in group])

@@ -27,7 +27,10 @@ single step:
 
 `ThreadChooser` is pure logic over an injected clock and CPU reading, so
 tests drive it with scripted ones; `StepWorker` calls `observe` after each
-step and hands a changed count to `GenerativeBackend.set_cpu_threads`.
+step and hands a changed count to `GenerativeBackend.set_cpu_threads`. The
+one-shot batcher (`engine/batcher.py`) follows the reading alone
+(`follow_reading`) before each run: its runs differ too much in size for
+their times to judge a switch.
 """
 
 from __future__ import annotations
@@ -164,6 +167,17 @@ class ThreadChooser:
         elif more > target:
             target = more
         return max(1, min(self.max_threads, target))
+
+    def follow_reading(self) -> int:
+        """The count the CPU reading alone suggests, read at most once a
+        window: for work whose runs vary too much in size to judge a switch
+        by their times (the one-shot micro-batcher)."""
+        now = self._clock()
+        if now - self._window_start >= TICK_S:
+            self._window_start = now
+            self.last_busy_elsewhere = self._busy()
+            self._switch(self.suggested(self.last_busy_elsewhere))
+        return self.threads
 
     def observe(self, measured_s: float, predicted_s: float) -> int:
         """One step that ran on `threads`; returns the count for the next."""

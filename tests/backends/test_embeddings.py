@@ -402,3 +402,19 @@ def test_the_convert_command_shows_progress_and_prints_the_path(
     assert "already converted" in capsys.readouterr().err
     assert main(["convert", "whisper-tiny.en"]) == 1
     assert "nothing to convert" in capsys.readouterr().err
+
+
+def test_the_thread_count_changes_between_runs_with_the_same_vectors(gguf_path: Path) -> None:
+    """The batcher's adaptive threads (engine/threads.py) call
+    `set_cpu_threads` between runs: the vectors stay the same."""
+    b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=2))
+    try:
+        assert b.cpu_threads() == 2
+        texts = [b.tokenize(t) for t in ("fresh bread", "a drum kit", "the weather in Paris")]
+        on_two = b.run(texts)
+        b.set_cpu_threads(1)
+        on_one = b.run(texts)
+        for x, y in zip(on_two, on_one, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+    finally:
+        b.close()

@@ -485,3 +485,42 @@ async def test_stats_has_what_the_dashboard_reads():
     assert stats.requests == 2 and stats.items == 3 and stats.in_flight == 0
     assert (stats.backend, stats.device, stats.max_wait_ms) == ("fake", "CPU", 0.0)
     await close(batcher)
+
+
+async def test_adaptive_threads_follow_the_cpu_reading_between_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--threads auto: before a run, the batcher sets the backend's threads to
+    the cores other programs leave free (engine/threads.py), on its thread."""
+    from localserve.engine import batcher as batcher_module
+    from localserve.engine import threads as threads_module
+
+    class Reading:
+        busy = 1.0
+
+        def busy_elsewhere(self) -> float:
+            return self.busy
+
+    class Threaded(FakeBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: list[tuple[int, str]] = []
+
+        def cpu_threads(self) -> int:
+            return 2
+
+        def set_cpu_threads(self, threads: int) -> None:
+            self.counts.append((threads, threading.current_thread().name))
+
+    reading = Reading()
+    monkeypatch.setattr(batcher_module, "shared_cpu_use", lambda: reading)
+    monkeypatch.setattr(threads_module, "TICK_S", 0.0)
+    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 2)
+    backend = Threaded()
+    batcher = Batcher("fake", backend, BatcherConfig(), adaptive_threads=True)
+    assert await batcher.submit(["a"]) == ["A"]
+    reading.busy = 0.0
+    assert await batcher.submit(["b"]) == ["B"]
+    await close(batcher)
+    assert backend.counts == [(1, "batch-fake"), (2, "batch-fake")]
+    fixed = Batcher("fixed", Threaded(), BatcherConfig())
+    assert fixed.threads is None
+    await close(fixed)

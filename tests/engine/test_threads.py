@@ -198,3 +198,14 @@ def test_cpu_use_sees_a_spinning_neighbour() -> None:
     time.sleep(0.3)
     use.busy_elsewhere()
     assert use.busy_elsewhere() == use.busy_elsewhere()  # cached within MIN_SAMPLE_S
+
+
+def test_follow_reading_applies_the_suggestion_once_a_window() -> None:
+    machine = Machine(cores=2, reading=1.0)
+    chooser = machine.attach(2)
+    machine.now = TICK_S
+    assert chooser.follow_reading() == 1
+    machine.reading = 0.0
+    assert chooser.follow_reading() == 1  # within the window: no new reading
+    machine.now += TICK_S
+    assert chooser.follow_reading() == 2

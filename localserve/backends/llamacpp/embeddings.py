@@ -93,7 +93,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         # whole in one micro-batch, so n_ubatch = n_batch.
         self.max_seqs = max(1, min(cfg.max_seqs, 256, cfg.batch_tokens))
         self.batch_tokens = -(-max(1, cfg.batch_tokens) // self.max_seqs) * self.max_seqs
-        threads = cfg.n_threads or os.cpu_count() or 1
+        threads = self._threads = cfg.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.pooling_type = POOLING[cfg.pooling]
@@ -153,6 +153,14 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
 
     def item_size(self, item: TokenIds) -> int:
         return len(item)
+
+    def cpu_threads(self) -> int:
+        return self._threads
+
+    def set_cpu_threads(self, threads: int) -> None:
+        if self._ctx:
+            threads = max(1, min(self._threads, threads))
+            llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
 
     def info(self) -> BackendInfo:
         model = self._live_model()

@@ -325,7 +325,7 @@ class ModelRegistry(RegistryViews):
         kind = oneshot_kind(spec.labels)
         if kind is not None:
             oneshot, batching = await asyncio.to_thread(self.open_oneshot, spec, kind)
-            batcher = Batcher(spec.model_id, oneshot, batching)
+            batcher = Batcher(spec.model_id, oneshot, batching, adaptive_threads=self.settings.adaptive_threads)
             return LoadedOneShot(spec, kind, oneshot, batcher, load_seconds=time.monotonic() - started)
         backend, report = await asyncio.to_thread(self.open_model, spec)
         self.engine.add_model(spec.model_id, backend, self._engine_config(backend.capacity()))
