@@ -272,7 +272,10 @@ def percentile(values: list[float], q: float) -> float:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", default="auto", help="the server's --threads (default: auto)")
+    parser.add_argument(
+        "--busy-cores", type=int, default=0, help="processes spinning on a core each for the whole run (issue 43)"
+    )
     parser.add_argument("--server-root", help="run the server of this checkout (default: this one)")
     parser.add_argument("--only", choices=("a", "b"), help="run one phase")
     parser.add_argument("--max-load", type=float, default=0.5, help="refuse a run that starts above this load")
@@ -298,14 +301,25 @@ def main() -> None:
     if report["load_1m_before"]["start"] > args.max_load:
         load = report["load_1m_before"]["start"]
         raise SystemExit(f"refused: the 1-minute load average is {load} (> {args.max_load}); run on a quiet machine")
-    if args.only != "b":
-        report["throughput"] = [throughput(args, int(n), report) for n in args.slots.split(",")]
-    if args.only != "a":
-        report["isolation"] = isolation(args, report)
+    report["busy_cores"] = args.busy_cores
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_cores)]
+    try:
+        run_phases(args, report)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+
+
+def run_phases(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.only != "b":
+        report["throughput"] = [throughput(args, int(n), report) for n in args.slots.split(",")]
+    if args.only != "a":
+        report["isolation"] = isolation(args, report)
 
 
 if __name__ == "__main__":
