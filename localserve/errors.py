@@ -111,6 +111,12 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
+class ModelNotDownloadedError(ModelNotFoundError):
+    """A model the catalog knows, not on this machine: a client that names it
+    means it (never served by another model instead); the message says how
+    to get it."""
+
+
 class PayloadTooLargeError(LocalServeError):
     status = 413
     type = "invalid_request_error"

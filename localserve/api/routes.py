@@ -13,13 +13,17 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+#: The 200 of llama-server's native routes that answer a list for a list of prompts or inputs
+OBJECT_OR_LIST: Mapping[str, Any] = {"type": ["object", "array"]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +35,8 @@ class Route:
     path: str  # aiohttp's pattern, e.g. "/v1/files/{file_id}"
     handler: Handler
     body: type[BaseModel] | None = None  # the model the handler validates its JSON body with (`parse_body`)
-    response: type[BaseModel] | None = None  # a typed 200 JSON answer (else: any JSON object)
+    response: type[BaseModel] | None = None  # a typed 200 JSON answer (else: `answer_schema`)
+    answer_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})  # an untyped 200's
     query: tuple[str, ...] = ()  # query parameters the handler reads
     #: What a 200 may be; None: JSON, and a stream too when the body has a `stream` field.
     media_types: tuple[str, ...] | None = None

@@ -20,7 +20,13 @@ from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.stats import Histogram, ModelSnapshot, ModelStats
 from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
 from localserve.engine.worker import StepWorker
-from localserve.errors import ContextLengthError, EngineStoppedError, ModelNotFoundError, QueueFullError
+from localserve.errors import (
+    ContextLengthError,
+    EngineStoppedError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+)
 
 #: The error of requests still running when a graceful shutdown's time is up,
 #: and of those refused while it drains. The API answers it with a 503
@@ -102,6 +108,7 @@ class _Model:
             adaptive_threads=config.adaptive_threads,
         )
         self.capacity = backend.capacity()
+        self.vocab_size = backend.tokenizer().vocab_size
 
     def dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
@@ -229,6 +236,13 @@ class Engine:
                 f"This model's maximum context length is {n_ctx} tokens; the prompt has {num_prompt} tokens. "
                 "Shorten the prompt or restart with a larger --ctx-size.",
                 param="messages",
+            )
+        ids = request.prompt_token_ids
+        if ids and (min(ids) < 0 or max(ids) >= model.vocab_size):
+            # the API checks first; out of range, llama.cpp would refuse the whole step, batchmates included
+            bad = next(t for t in ids if not 0 <= t < model.vocab_size)
+            raise InvalidRequestError(
+                f"token id {bad} is outside the vocabulary (size {model.vocab_size})", param="prompt"
             )
         num_waiting = model.worker.num_waiting  # as the scheduler counts them
         if num_waiting >= model.config.max_queue:

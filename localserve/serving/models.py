@@ -17,7 +17,7 @@ from typing import Protocol
 from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.engine.engine import Engine
-from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
+from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotDownloadedError, ModelNotFoundError
 from localserve.models.kinds import Kinds, ModelKind
 from localserve.models.registry import Lease, LoadedOneShot, ModelRegistry
 from localserve.serving.prompts import TemplateCache
@@ -98,6 +98,8 @@ async def _hold(host: ModelHost, name: str, kind: Kinds) -> str:
         name = sole  # not even a name we could serve (`gpt-4o mini`): the one model, as llama-server
     try:
         return await host.hold(name, kind)
+    except ModelNotDownloadedError:
+        raise  # a model the catalog knows: the client means it, and the message says how to get it
     except ModelNotFoundError:
         if sole is None or sole == name:
             raise

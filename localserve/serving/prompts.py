@@ -72,7 +72,7 @@ def completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, inde
         token_ids = tokenizer.encode(prompt, add_special=True, parse_special=True)
     else:
         vocab_size = tokenizer.vocab_size
-        bad = next((t for t in prompt if t >= vocab_size), None)
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(
                 f"token id {bad} in prompt {index} is outside the vocabulary (size {vocab_size})", param=param

@@ -50,6 +50,7 @@ MODEL_KEYS = {
     "total_prompt_tokens",
     "total_output_tokens",
     "batch_policy",
+    "threads",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
     "steps_per_s",
@@ -135,6 +136,8 @@ METRIC_FAMILIES = {
     "localserve_kv_cache_capacity_tokens",
     "localserve_kv_cache_used_tokens",
     "localserve_last_batch_size",
+    "localserve_threads",
+    "localserve_cpu_busy_elsewhere_cores",
     "localserve_model_load_seconds",
     "localserve_oneshot_batches_total",
     "localserve_oneshot_items_total",
@@ -217,6 +220,7 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
     assert set(entry["running"]) == set(entry["waiting"]) == set(entry["classes"]) == CLASSES
     assert all(set(figures) == CLASS_KEYS for figures in entry["classes"].values())
     assert set(entry["batch_policy"]) == POLICY_KEYS
+    assert set(entry["threads"]) == {"in_use", "max", "mode", "cpu_busy_elsewhere", "switches"}
     (live,) = body["requests"]
     assert set(live) == REQUEST_KEYS and live["id"] == "live" and live["model"] == "fake"
     assert live["priority_class"] == "default" and live["max_tokens"] == 50

@@ -294,3 +294,16 @@ async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
         assert flipping.calls >= 8
     finally:
         await adaptive.remove_model("smol")
+
+
+async def test_a_token_id_outside_the_vocabulary_is_refused_before_any_step(engine: Engine) -> None:
+    """llama.cpp refuses a whole batch with one bad id: the engine refuses
+    the request at submit (400), and its batchmates never notice."""
+    from localserve.errors import InvalidRequestError
+
+    vocab = engine.tokenizer("smol").vocab_size
+    for bad in (-1, vocab):
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+            engine.submit("smol", request([1, 2, bad], max_tokens=2, temperature=0.0))
+    _, text, _ = await run(engine, request(encode(engine, "The capital of France is"), max_tokens=6, temperature=0.0))
+    assert "Paris" in text

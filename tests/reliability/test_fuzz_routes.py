@@ -60,10 +60,26 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
     "/api/embed": {"model": EMBEDDING_MODEL, "input": ["Hi"]},
     "/api/embeddings": {"model": EMBEDDING_MODEL, "prompt": "Hi"},
     "/infill": {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 2},
+    # llama-server's native routes (issue 44)
+    "/completion": {"prompt": "Hi", "n_predict": 2, "temperature": 0},
+    "/completions": {"prompt": ["Hi", 42], "n_predict": 2},
+    "/tokenize": {"content": "Hi there", "with_pieces": True},
+    "/detokenize": {"tokens": [1, 2, 3]},
+    "/apply-template": {"messages": HI},
+    "/embedding": {"content": "Hi"},
+    "/embeddings": {"input": ["Hi", [1, 2]]},
+    # rerank, score and classify (issue 41)
+    "/v1/rerank": {"model": EMBEDDING_MODEL, "query": "Hi", "documents": ["there", {"text": "you"}], "top_n": 1},
+    "/rerank": {"model": EMBEDDING_MODEL, "query": "Hi", "documents": ["there", "you"]},
+    "/v2/rerank": {"model": EMBEDDING_MODEL, "query": "Hi", "documents": ["there"], "return_documents": True},
+    "/v1/score": {"model": EMBEDDING_MODEL, "text_1": "Hi", "text_2": ["there", "you"]},
+    "/v1/classify": {"model": EMBEDDING_MODEL, "input": ["Hi"]},
 }
 #: Not fuzzed: what changes the server's models or reaches the network, and
-#: the `/api/v1/...` twins of OpenAI routes (the same handlers as `/v1/...`).
-EXCLUDED = re.compile(r"^/api/(pull|delete|copy)$|^/api/v1/(unload|load|pull|debug/fault)$|^/api/v1/")
+#: the `/api/v1/...` and unprefixed twins of OpenAI routes (the same handlers as `/v1/...`).
+EXCLUDED = re.compile(
+    r"^/api/(pull|delete|copy)$|^/api/v1/(unload|load|pull|debug/fault)$|^/api/v1/|^/(chat/completions|responses)$"
+)
 MARK = "\x00fuzz-mark\x00"
 
 

@@ -87,6 +87,7 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
             "predicted_step_s": 0.031,
             "measured_step_s": 0.029,
         },
+        "threads": {"in_use": 1, "max": 2, "mode": "auto", "cpu_busy_elsewhere": 1.04, "switches": 3},
     }
     coder = {
         **smol,
@@ -110,6 +111,7 @@ def fixed_snapshot(decode_tokens_per_s: float = 182.4, ttft_p95_s: float = 0.42)
         "in_use": False,
         "options": {"weights_mib": 1450.0, "kv_mib": 0.0, "n_gpu_layers": 0, "n_layers": 0, "device": "NPU"},
         "batch_policy": {"mode": "alone"},
+        "threads": {"in_use": 0, "max": 0, "mode": "fixed", "cpu_busy_elsewhere": 0.0, "switches": 0},
     }
     states = ["running"] * 6 + ["waiting"] * 4
     classes = [

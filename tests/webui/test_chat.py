@@ -48,7 +48,10 @@ def test_an_answer_streams_in_several_updates_and_gets_its_stats_line(ui: UiSess
     page.evaluate(WATCH_UPDATES)
     answer = ui.wait_answer(ui.send("Write three short sentences about the sea."))
     lengths = page.evaluate("window.__answerLengths")
-    assert len(lengths) >= 3 and lengths == sorted(lengths), lengths  # grew in at least three separate updates
+    # Grew in at least three separate updates. The rendered text may dip by a
+    # character or two when markdown closes (`**` becomes bold, `1.` a list item).
+    growths = sum(1 for a, b in zip(lengths, lengths[1:], strict=False) if b > a)
+    assert growths >= 3 and lengths[-1] >= max(lengths) - 4, lengths
     assert answer.locator(".content").inner_text().strip()
     stats = answer.locator(".stats").inner_text()
     assert STATS_LINE.match(stats), stats

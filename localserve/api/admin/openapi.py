@@ -112,7 +112,7 @@ def _responses(route: Route, refs: dict[type[BaseModel], dict[str, Any]]) -> dic
     path, body, typed = route.canonical, route.body, route.response
     success: dict[str, Any] = {}
     for media_type in route.media_types or ("application/json",):
-        schema: dict[str, Any] = {"type": "object"} if media_type == "application/json" else {"type": "string"}
+        schema: dict[str, Any] = dict(route.answer_schema) if media_type == "application/json" else {"type": "string"}
         success[media_type] = {
             "schema": refs[typed] if typed is not None and media_type == "application/json" else schema
         }

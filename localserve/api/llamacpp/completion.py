@@ -26,7 +26,7 @@ from pydantic import Field
 from localserve.api.hosting import RequestModels
 from localserve.api.llamacpp.infill_run import InfillRun, LlamaParams, sampling_of
 from localserve.api.middleware import parse_body
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import SETTINGS
 from localserve.engine.types import parse_priority
@@ -51,7 +51,7 @@ class NativeCompletionRequest(LlamaParams):
 
 def register(app: web.Application) -> None:
     for path in ("/completion", "/completions"):
-        add_routes(app, Route("POST", path, completion, NativeCompletionRequest))
+        add_routes(app, Route("POST", path, completion, NativeCompletionRequest, answer_schema=OBJECT_OR_LIST))
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
@@ -126,8 +126,13 @@ def _prompts(prompt: Prompt | list[Prompt] | dict[str, Any], tokenizer: Any) -> 
 
 def _token_ids(parts: list[PromptPart], tokenizer: Any) -> tuple[int, ...]:
     ids: list[int] = []
+    vocab_size = tokenizer.vocab_size
     for part in parts:
         if isinstance(part, int):
+            if not 0 <= part < vocab_size:  # llama.cpp would refuse the whole step
+                raise InvalidRequestError(
+                    f"token id {part} in 'prompt' is outside the vocabulary (size {vocab_size})", param="prompt"
+                )
             ids.append(part)
         else:
             ids.extend(tokenizer.encode(part, add_special=False, parse_special=True))

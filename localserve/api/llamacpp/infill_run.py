@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.backends.base import Tokenizer
-from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
+from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob, parse_priority
 from localserve.serving.generation import event_error
 
 INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
@@ -50,7 +50,14 @@ class LlamaParams(BaseModel):
     stream: bool = False
     return_tokens: bool = False
     response_fields: list[str] | None = None
-    priority: float | str | None = None
+    priority: float | str | None = None  # this server's extension
+
+    @field_validator("priority")
+    @classmethod
+    def _check_priority(cls, value: float | str | None) -> float | str | None:
+        parse_priority(value)  # ValueError -> 400 naming `priority`
+        return value
+
     n_probs: int = Field(default=0, ge=0, le=20)
     cache_prompt: bool = True
     samplers: list[str] | str | None = None

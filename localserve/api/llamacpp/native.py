@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.state import REGISTRY, SETTINGS
 from localserve.backends.base import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
@@ -75,10 +75,10 @@ def register(app: web.Application) -> None:
         Route("POST", "/detokenize", detokenize, DetokenizeRequest),
         Route("POST", "/apply-template", apply_template, ApplyTemplateRequest),
         Route("GET", "/props", props),
-        Route("GET", "/slots", slots),
+        Route("GET", "/slots", slots, answer_schema={"type": "array"}),
         Route("POST", "/slots/{id_slot}", slot_action, query=("action",)),
-        Route("POST", "/embedding", embeddings, NativeEmbeddingRequest),
-        Route("POST", "/embeddings", embeddings, NativeEmbeddingRequest),
+        Route("POST", "/embedding", embeddings, NativeEmbeddingRequest, answer_schema=OBJECT_OR_LIST),
+        Route("POST", "/embeddings", embeddings, NativeEmbeddingRequest, answer_schema=OBJECT_OR_LIST),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from localserve.errors import ModelNotFoundError
+from localserve.errors import ModelNotDownloadedError
 from localserve.models.catalog import HF, PYPI, CatalogEntry, HubSource, Source, hub_files, missing_message
 
 
@@ -47,4 +47,4 @@ def locate_entry(entry: CatalogEntry) -> tuple[Path, str]:
         path, origin = local_path(entry, source)
         if path is not None:
             return path, origin
-    raise ModelNotFoundError(missing_message(entry), param="model")
+    raise ModelNotDownloadedError(missing_message(entry), param="model")

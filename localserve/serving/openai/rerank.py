@@ -101,7 +101,7 @@ async def rerank(host: ModelHost, body: RerankRequest) -> dict[str, Any]:
     return {
         "id": new_id("rerank-"),
         "object": "list",
-        "model": body.model,
+        "model": scored.model_id,  # the model that served it (a fallback may differ from the name asked)
         "results": results,
         "usage": usage_tokens(scored.num_tokens),
         "meta": _meta(scored, "documents"),
@@ -121,7 +121,7 @@ async def score(host: ModelHost, body: ScoreRequest) -> dict[str, Any]:
         "id": new_id("score-"),
         "object": "list",
         "created": int(time.time()),
-        "model": body.model,
+        "model": scored.model_id,
         "data": data,
         "usage": usage_tokens(scored.num_tokens),
         "meta": _meta(scored, "text_2"),
@@ -140,7 +140,7 @@ async def classify_texts(host: ModelHost, body: ClassifyBody) -> dict[str, Any]:
         "id": new_id("classify-"),
         "object": "list",
         "created": int(time.time()),
-        "model": body.model,
+        "model": result.model_id,
         "data": data,
         "usage": usage_tokens(result.num_tokens),
         "meta": {"labels": list(result.labels)},
