@@ -58,6 +58,9 @@ class ServerSettings:
     speculative: str = "off"  # off | ngram (prompt lookup) | draft (--draft-model): engine/speculation.py
     draft_model: str = ""  # a smaller GGUF of the chat models' vocabulary that drafts tokens
     draft_max: int = 8  # drafted tokens one sequence may verify in a step
+    # A reasoning model's think section by default (llama-server's --reasoning): on/auto render the template
+    # with enable_thinking=true; off closes the section in every prompt that does not ask for thinking itself
+    reasoning: str = "auto"
     reasoning_budget: int = -1  # a reasoning model's thinking tokens before </think> is forced; -1: no limit, 0: none
     prefix_cache_disk: int = -1  # bytes of KV state of prompt prefixes kept on disk; -1: a share of free disk, 0: off
     shutdown_timeout_s: float = 10.0

@@ -70,6 +70,7 @@ def _latency_target(text: str) -> float:
 
 
 SPECULATIVE_MODES = ("off", "ngram", "draft")
+REASONING_MODES = ("on", "off", "auto")
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -309,6 +310,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option("--draft-max", "draft_max", int_at_least(1), "drafted tokens one sequence may verify in a step", "N"),
+    Option(
+        "--reasoning",
+        "reasoning",
+        _choice(REASONING_MODES),
+        "a reasoning model's think section when a request does not say (llama-server's --reasoning): on and auto "
+        "render chat templates with enable_thinking=true, off closes the section in the prompt",
+        "MODE",
+    ),
     Option(
         "--reasoning-budget",
         "reasoning_budget",

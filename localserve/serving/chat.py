@@ -10,7 +10,7 @@ from localserve.errors import InvalidRequestError
 from localserve.serving.answer import Answer, submit
 from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ChatModel, ModelHost, open_chat_model
-from localserve.serving.prompts import chat_prompt
+from localserve.serving.prompts import chat_prompt, render_messages
 from localserve.serving.reasoning import ReasoningFormat, reasoning_grammar
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
 from localserve.serving.types import ChatRequest
@@ -29,8 +29,8 @@ async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -
     budget = request.reasoning_budget
     if budget is None and host.registry.settings.reasoning_budget >= 0:
         budget = host.registry.settings.reasoning_budget
-    closed = reasoning is not None and (request.think is False or budget == 0)
-    prompt_ids = await chat_prompt_ids(model, request, plan, reasoning if closed else None)
+    closed = not thinks(host, request) or budget == 0
+    prompt_ids = await chat_prompt_ids(model, request, plan, thinking=not closed, reasoning=reasoning)
     grammar = plan.grammar if plan is not None else grammar_for(request.output)
     options = request.options
     if reasoning is not None and not closed:
@@ -53,15 +53,33 @@ async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -
     )
 
 
+def thinks(host: ModelHost, request: ChatRequest) -> bool:
+    """Whether the prompt leaves a reasoning model's think section open: the
+    request's `think`, else the server's `--reasoning` (llama-server's)."""
+    return request.think if request.think is not None else host.registry.settings.reasoning != "off"
+
+
 async def chat_prompt_ids(
-    model: ChatModel, request: ChatRequest, plan: ToolPlan | None, no_thinking: ReasoningFormat | None = None
+    model: ChatModel,
+    request: ChatRequest,
+    plan: ToolPlan | None,
+    *,
+    thinking: bool = True,
+    reasoning: ReasoningFormat | None = None,
 ) -> list[int]:
     """The prompt's token ids, rendered and tokenized off the event loop (a
     long conversation takes a while, and the loop must keep streaming)."""
     template = model.template
     messages, tools = prompt_messages([m.for_template() for m in request.messages], plan, template)
     return await asyncio.to_thread(
-        chat_prompt, template, model.tokenizer, messages, tools, param=request.prompt_param, no_thinking=no_thinking
+        chat_prompt,
+        template,
+        model.tokenizer,
+        messages,
+        tools,
+        param=request.prompt_param,
+        thinking=thinking,
+        reasoning=reasoning,
     )
 
 
@@ -78,5 +96,13 @@ async def render_chat(host: ModelHost, request: ChatRequest, *, add_generation_p
     model = await open_chat_model(host, request.model)
     template = model.template
     messages, tools = prompt_messages([m.for_template() for m in request.messages], plan_tools(request.tools), template)
-    text = await asyncio.to_thread(template.render, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    text = await asyncio.to_thread(
+        render_messages,
+        template,
+        messages,
+        tools,
+        add_generation_prompt=add_generation_prompt,
+        thinking=thinks(host, request),
+        reasoning=ReasoningFormat.of(template),
+    )
     return model.model_id, text

@@ -42,6 +42,25 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special=add_special, parse_special=True)
 
 
+def render_messages(
+    template: ChatTemplate,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    thinking: bool = True,
+    reasoning: ReasoningFormat | None = None,
+) -> str:
+    """The prompt text of `messages` (and `tools`, for templates that take
+    them). Templates get `enable_thinking` as llama-server gives it; without
+    `thinking` the model's think section (`reasoning`, its format) is also
+    closed after the generation prompt, for templates that do not close it."""
+    text = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, enable_thinking=thinking)
+    if not thinking and reasoning is not None and add_generation_prompt:
+        text = reasoning.closed_prompt(text)
+    return text
+
+
 def chat_prompt(
     template: ChatTemplate,
     tokenizer: Tokenizer,
@@ -49,16 +68,12 @@ def chat_prompt(
     tools: Sequence[dict[str, Any]] | None = None,
     *,
     param: str = "messages",
-    no_thinking: ReasoningFormat | None = None,
+    thinking: bool = True,
+    reasoning: ReasoningFormat | None = None,
 ) -> list[int]:
-    """Render `messages` (and `tools`, for templates that take them) with the
-    generation prompt, and tokenize the result. `no_thinking`: the model's
-    reasoning format, whose think section is closed in the prompt."""
-    if no_thinking is None:
-        text = template.render(messages, add_generation_prompt=True, tools=tools)
-    else:
-        text = template.render(messages, add_generation_prompt=True, tools=tools, enable_thinking=False)
-        text = no_thinking.closed_prompt(text)
+    """Render `messages` with the generation prompt (`render_messages`), and
+    tokenize the result."""
+    text = render_messages(template, messages, tools, thinking=thinking, reasoning=reasoning)
     token_ids = encode_text(tokenizer, text)
     if not token_ids:
         raise InvalidRequestError("the messages render to an empty prompt", param=param)
@@ -104,7 +119,7 @@ def text_prompt(
             raise InvalidRequestError(
                 f"context has token id {bad}, outside the vocabulary (size {vocab_size})", param="context"
             )
-        text = prompt if raw else template.render(messages, add_generation_prompt=True)
+        text = prompt if raw else render_messages(template, messages)
         return [*context, *tokenizer.encode(text, add_special=False, parse_special=True)]
     if raw:
         token_ids = encode_text(tokenizer, prompt)

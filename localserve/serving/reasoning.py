@@ -56,7 +56,7 @@ class ReasoningFormat:
         if template.is_default or CLOSE not in template.source:
             return None
         try:
-            prompt = template.render([{"role": "user", "content": "hi"}])
+            prompt = template.render([{"role": "user", "content": "hi"}], enable_thinking=True)
         except Exception:  # a template that needs more than a plain turn: assume the section is not opened
             prompt = ""
         return cls(starts_open=prompt.rstrip().endswith(OPEN))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -188,3 +189,24 @@ def test_variant_of_names_the_model_a_variant_belongs_to() -> None:
     assert variant_of("smollm2-135m-instruct") is None
     assert variant_of("smollm2-360m-instruct") is None  # not a variant of the 135M one
     assert variant_of("mine-openvino", ["mine"]) == "mine"
+
+
+def test_reasoning_off_closes_the_think_section(tmp_path: Path) -> None:
+    """`--reasoning off` renders templates with `enable_thinking` false, as
+    llama-server does, in `/apply-template` and in the chat path."""
+    template = tmp_path / "think.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+        "{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+    )
+    settings = make_settings(reasoning="off", chat_template_file=str(template), parallel=1, kv_size=1024, threads=1)
+    srv = ServerThread(settings).start()
+    try:
+        srv.wait_healthy()
+        prompt = post(srv, "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}).json()["prompt"]
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n</think>")
+        reply = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] > 0
+    finally:
+        srv.stop()

@@ -55,6 +55,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("-ctv", "--cache-type-v")
     p.add_argument("-fa", "--flash-attn")
     p.add_argument("--pooling")
+    p.add_argument("--reasoning", choices=("on", "off", "auto"))
     p.add_argument("--slots", action="store_true", default=None)
     p.add_argument("--no-slots", dest="slots", action="store_false")
     p.add_argument("--embedding", "--embeddings", action="store_true")
@@ -91,6 +92,7 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
         "--chat-template-file": args.chat_template_file,
         "--cache-type-k": args.cache_type_k,
         "--cache-type-v": args.cache_type_v,
+        "--reasoning": args.reasoning,
     }
     for flag, value in options.items():
         if value is not None:

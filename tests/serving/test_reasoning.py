@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localserve.backends.chat_template import ChatTemplate
+from localserve.serving.prompts import render_messages
 from localserve.serving.reasoning import CONTENT, REASONING, ReasoningFormat, ReasoningParser, split_reasoning
 
 CLOSED = ReasoningFormat()
@@ -103,3 +104,30 @@ def test_the_budget_closes_a_section_the_model_opened_in_pieces() -> None:
     for token in (5, 3, 3):
         plain.note(token)
         assert plain.forced() is None
+
+
+# llama.cpp's own templates (QwQ, DeepSeek-R1, Command R7B) close the section when `enable_thinking` is
+# not true: llama-server gives it true unless `--reasoning off`.
+LLAMA_CPP_LIKE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|><think>\n{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "thinking", "end"),
+    [
+        (LLAMA_CPP_LIKE, True, "<|assistant|><think>\n"),
+        (LLAMA_CPP_LIKE, False, "<|assistant|><think>\n</think>"),
+        (QWEN3_LIKE, True, "<|im_start|>assistant\n"),
+        (QWEN3_LIKE, False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        (R1_LIKE, False, "<|assistant|><think>\n\n</think>\n\n"),  # closed after the template
+    ],
+)
+def test_render_messages_gives_enable_thinking_as_llama_server(source: str, thinking: bool, end: str) -> None:
+    template = ChatTemplate(source)
+    fmt = ReasoningFormat.of(template)
+    text = render_messages(template, [{"role": "user", "content": "hi"}], thinking=thinking, reasoning=fmt)
+    assert text.endswith(end)
+    if source is LLAMA_CPP_LIKE:  # read with enable_thinking, as prompts are rendered: the prompt opens it
+        assert fmt is not None and fmt.starts_open
