@@ -8,7 +8,9 @@ options. With `LLAMA_SHIM_PEER=/path/to/llama-server` the same presets start
 the real llama-server instead (`-m` the same GGUF): that run says which tests
 are valid with SmolLM2 at all (see run_llama_suite.py).
 
-Flags localserve has no counterpart for are dropped (listed on stderr).
+Flags localserve has no counterpart for are dropped (listed on stderr). Where
+llama-server's default differs from localserve's, the shim asks for
+llama-server's: any CORS origin unless `--cors-origins` (or `--tools`) is given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--n-predict", "-n", type=int)
     p.add_argument("--api-key")
     p.add_argument("--cors-origins")
+    p.add_argument("--tools")
     p.add_argument("--slot-save-path")
     p.add_argument("--chat-template-file")
     p.add_argument("--threads", "-t", type=int)
@@ -99,7 +102,10 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(value)]
     if args.flash_attn:
         argv += ["--flash-attn", {"1": "on", "0": "off"}.get(args.flash_attn, args.flash_attn)]
-    for origin in filter(None, (args.cors_origins or "").split(",")):
+    # llama-server allows any origin unless --cors-origins says otherwise (or --tools, which expose the
+    # machine, narrow it to the loopback origins); localserve's own default is the loopback origins.
+    cors = args.cors_origins if args.cors_origins is not None else ("" if args.tools else "*")
+    for origin in filter(None, cors.split(",")):
         argv += ["--cors-origin", origin.strip()]
     if args.slots is False:
         argv.append("--no-slots")
