@@ -210,3 +210,23 @@ def test_reasoning_off_closes_the_think_section(tmp_path: Path) -> None:
         assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] > 0
     finally:
         srv.stop()
+
+
+def test_completion_logit_bias_in_both_shapes(server: ServerThread) -> None:
+    """llama-server's `logit_bias`: pairs or an object, tokens as ids or text
+    (every token of it), `false` = never; reported in `generation_settings`."""
+    free = complete(server, prompt=PROMPT)["content"]
+    first = post(server, "/tokenize", {"content": free}).json()["tokens"][0]
+    as_ids = complete(server, prompt=PROMPT, logit_bias=[[first, False]])
+    assert as_ids["content"] != free
+    assert as_ids["generation_settings"]["logit_bias"] == [{"token": first, "bias": None}]
+    piece = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [first]}, headers=KEY).json()["content"]
+    as_text = complete(server, prompt=PROMPT, logit_bias={piece: -100})
+    assert as_text["content"] == as_ids["content"]
+    as_key = complete(server, prompt=PROMPT, logit_bias={str(first): -100})
+    assert as_key["content"] == as_ids["content"]
+    assert complete(server, prompt=PROMPT)["generation_settings"]["logit_bias"] == []
+    banned = complete(server, prompt=PROMPT, ignore_eos=True)["generation_settings"]["logit_bias"]
+    assert banned and all(entry["bias"] is None for entry in banned)
+    bad = post(server, "/completion", {"prompt": PROMPT, "logit_bias": [[10**9, -1]]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logit_bias"

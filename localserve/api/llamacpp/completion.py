@@ -24,6 +24,7 @@ from aiohttp import web
 from pydantic import Field
 
 from localserve.api.hosting import RequestModels
+from localserve.api.llamacpp.bias import logit_bias_pairs
 from localserve.api.llamacpp.infill_run import InfillRun, LlamaParams, sampling_of
 from localserve.api.middleware import parse_body
 from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
@@ -61,9 +62,10 @@ async def completion(request: web.Request) -> web.StreamResponse:
     model_id = await hold_chat_model(host, body.model or "")
     tokenizer = host.registry.engine.tokenizer(model_id)
     prompts = await asyncio.to_thread(_prompts, body.prompt, tokenizer)
+    bias = await asyncio.to_thread(logit_bias_pairs, body.logit_bias, tokenizer)
     n_predict = _n_predict(body.n_predict, request.app[SETTINGS].n_predict)
     options = Options(
-        sampling=sampling_of(body),
+        sampling=sampling_of(body, bias),
         max_tokens=n_predict if n_predict > 0 else None,
         num_logprobs=body.n_probs or None,
         priority=parse_priority(body.priority),
@@ -81,6 +83,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
             index=index,
             tokenizer=answer.tokenizer,
             n_predict=n_predict,
+            logit_bias=bias,
         )
         for index, ids in enumerate(answer.prompt_ids)
     ]

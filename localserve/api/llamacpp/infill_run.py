@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localserve.api.llamacpp.bias import LogitBias, reported
 from localserve.backends.base import Tokenizer
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob, parse_priority
 from localserve.serving.generation import event_error
@@ -62,6 +63,7 @@ class LlamaParams(BaseModel):
     cache_prompt: bool = True
     samplers: list[str] | str | None = None
     id_slot: int = -1
+    logit_bias: LogitBias | None = None
 
 
 class InfillRequest(LlamaParams):
@@ -126,8 +128,10 @@ class InfillRun:
         index: int = 0,
         tokenizer: Tokenizer | None = None,
         n_predict: int | None = None,
+        logit_bias: tuple[tuple[int, float], ...] = (),
     ) -> None:
         self.body = body
+        self.logit_bias = logit_bias
         self.n_predict = body.n_predict if n_predict is None else n_predict  # the server's --n-predict may cap it
         self.index = index
         self.tokenizer = tokenizer  # for `n_probs`
@@ -193,6 +197,10 @@ class InfillRun:
             out["completion_probabilities"] = self.probs[-num_probs:]
         return out
 
+    def _banned_ids(self) -> frozenset[int]:
+        """The end-of-generation tokens `ignore_eos` bans."""
+        return self.tokenizer.eog_token_ids if self.body.ignore_eos and self.tokenizer is not None else frozenset()
+
     def result(self, *, streamed: bool = False) -> dict[str, Any]:
         """llama.cpp's final result object (content empty when streamed)."""
         end = time.monotonic()
@@ -223,6 +231,8 @@ class InfillRun:
                 "stop": body.stop,
                 "n_indent": body.n_indent,
                 "t_max_predict_ms": body.t_max_predict_ms,
+                "ignore_eos": body.ignore_eos,
+                "logit_bias": reported(self.logit_bias, self._banned_ids()),
             },
             "prompt": self.prompt_text,
             "has_new_line": self.lines.has_new_line,
@@ -259,8 +269,9 @@ def token_probs(tokenizer: Tokenizer, logprob: TokenLogprob) -> dict[str, Any]:
     return out
 
 
-def sampling_of(body: LlamaParams) -> SamplingParams:
-    """The engine's parameters for a `/completion` or `/infill` body."""
+def sampling_of(body: LlamaParams, logit_bias: tuple[tuple[int, float], ...] = ()) -> SamplingParams:
+    """The engine's parameters for a `/completion` or `/infill` body
+    (`logit_bias`: the body's, as token ids: `bias.logit_bias_pairs`)."""
     return SamplingParams(
         temperature=body.temperature,
         top_k=body.top_k,
@@ -273,6 +284,7 @@ def sampling_of(body: LlamaParams) -> SamplingParams:
         seed=body.seed if body.seed is not None and body.seed >= 0 else None,
         stop=tuple(s for s in body.stop if s),
         ignore_eos=body.ignore_eos,
+        logit_bias=logit_bias,
     )
 
 
