@@ -77,6 +77,8 @@ class ServerSettings:
     # serve, goes to the only model of its kind; strict: 400 / 404 as before (models/registry/naming.py)
     strict_model_names: bool = False
     n_predict: int = -1  # tokens /completion generates when the request sets no n_predict; -1: until the context ends
+    temp: float = 0.8  # /completion and /infill's temperature when the request sets none (llama-server's --temp)
+    seed: int = -1  # ... and their seed (llama-server's --seed); -1: random
     chat_template_file: str = ""  # a Jinja chat template every chat model uses instead of its own
     no_slots: bool = False  # GET /slots answers 501 (llama-server's --no-slots)
     slot_save_path: str = ""  # where /slots/{id}?action=save|restore keeps prompt caches; "": those actions are 501

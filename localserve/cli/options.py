@@ -367,6 +367,21 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "--temp",
+        "temp",
+        non_negative,
+        "temperature of llama.cpp's /completion and /infill when a request sets none (llama-server's --temp)",
+        "T",
+    ),
+    Option(
+        "--seed",
+        "seed",
+        int_at_least(-1),
+        "sampling seed of llama.cpp's /completion and /infill when a request sets none (llama-server's --seed); "
+        "-1 = random",
+        "N",
+    ),
+    Option(
         "--chat-template-file",
         "chat_template_file",
         str,

@@ -4,6 +4,7 @@ turn (Ollama's /api/generate, `localserve run`)."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,8 +55,16 @@ def render_messages(
     """The prompt text of `messages` (and `tools`, for templates that take
     them). Templates get `enable_thinking` as llama-server gives it; without
     `thinking` the model's think section (`reasoning`, its format) is also
-    closed after the generation prompt, for templates that do not close it."""
-    text = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, enable_thinking=thinking)
+    closed after the generation prompt, for templates that do not close it.
+    Llama 3's templates read today's date from `date_string`, which
+    llama-server gives them too (else they write a date of 2024)."""
+    text = template.render(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        tools=tools,
+        enable_thinking=thinking,
+        date_string=datetime.date.today().strftime("%d %b %Y"),
+    )
     if not thinking and reasoning is not None and add_generation_prompt:
         text = reasoning.closed_prompt(text)
     return text

@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from localserve.api.llamacpp.completion import NativeCompletionRequest
+from localserve.api.llamacpp.infill_run import with_server_defaults
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 KEY = {"Authorization": f"Bearer {API_KEY}"}
@@ -230,3 +232,23 @@ def test_completion_logit_bias_in_both_shapes(server: ServerThread) -> None:
     assert banned and all(entry["bias"] is None for entry in banned)
     bad = post(server, "/completion", {"prompt": PROMPT, "logit_bias": [[10**9, -1]]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logit_bias"
+
+
+def test_completion_post_sampling_probs_and_rates(server: ServerThread) -> None:
+    body = complete(server, prompt=PROMPT, n_probs=5, n_predict=4, post_sampling_probs=True)
+    for entry in body["completion_probabilities"]:
+        assert 0.0 < entry["prob"] <= 1.0 and "logprob" not in entry
+        assert entry["top_probs"] and all(0.0 < p["prob"] <= 1.0 for p in entry["top_probs"])
+    timings = body["timings"]  # the first token costs no decode step of its own
+    assert timings["predicted_per_second"] == pytest.approx(3 / timings["predicted_ms"] * 1000)
+    one = complete(server, prompt=PROMPT, n_predict=1)["timings"]
+    assert one["predicted_n"] == 1 and one["predicted_per_second"] == 0.0 and one["predicted_per_token_ms"] == 0.0
+
+
+def test_server_temp_and_seed_fill_what_a_body_leaves_out() -> None:
+    body = NativeCompletionRequest.model_validate({"prompt": "x"})
+    filled = with_server_defaults(body, 0.0, 42)
+    assert (filled.temperature, filled.seed) == (0.0, 42)
+    own = with_server_defaults(NativeCompletionRequest.model_validate({"temperature": 1.0, "seed": 7}), 0.0, 42)
+    assert (own.temperature, own.seed) == (1.0, 7)
+    assert with_server_defaults(body, 0.8, -1).seed is None  # -1: random, as the body's default

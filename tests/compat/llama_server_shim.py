@@ -58,6 +58,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("-ctv", "--cache-type-v")
     p.add_argument("-fa", "--flash-attn")
     p.add_argument("--pooling")
+    p.add_argument("--kv-unified", "-kvu", action="store_true")
     p.add_argument("--reasoning", choices=("on", "off", "auto"))
     p.add_argument("--slots", action="store_true", default=None)
     p.add_argument("--no-slots", dest="slots", action="store_false")
@@ -86,7 +87,9 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--threads", str(args.threads or int(os.environ.get("LLAMA_SHIM_THREADS", "1")))]
     if kind == "chat":
         argv += ["--parallel", str(n_slots)]
-        if args.ctx_size:  # llama-server's context is the total over its slots; ours is per slot
+        if args.ctx_size and args.kv_unified:  # one pool the slots share, any one of them may fill
+            argv += ["--ctx-size", str(args.ctx_size), "--kv-size", str(args.ctx_size)]
+        elif args.ctx_size:  # llama-server's context is the total over its slots; ours is per slot
             argv += ["--ctx-size", str(max(args.ctx_size // n_slots, 64))]
     options = {
         "--n-predict": args.n_predict,
@@ -96,6 +99,8 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
         "--cache-type-k": args.cache_type_k,
         "--cache-type-v": args.cache_type_v,
         "--reasoning": args.reasoning,
+        "--temp": args.temp,
+        "--seed": args.seed,
     }
     for flag, value in options.items():
         if value is not None:

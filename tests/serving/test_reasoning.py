@@ -3,6 +3,8 @@ possible split, the reasoning and the answer come out the same as whole."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from localserve.backends.chat_template import ChatTemplate
@@ -131,3 +133,8 @@ def test_render_messages_gives_enable_thinking_as_llama_server(source: str, thin
     assert text.endswith(end)
     if source is LLAMA_CPP_LIKE:  # read with enable_thinking, as prompts are rendered: the prompt opens it
         assert fmt is not None and fmt.starts_open
+
+
+def test_render_messages_gives_todays_date_string() -> None:
+    template = ChatTemplate("Today Date: {{ date_string if date_string is defined else '26 Jul 2024' }}")
+    assert render_messages(template, []) == f"Today Date: {datetime.date.today().strftime('%d %b %Y')}"

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from localserve.api.hosting import RequestModels
 from localserve.api.llamacpp.bias import logit_bias_pairs
-from localserve.api.llamacpp.infill_run import InfillRun, LlamaParams, sampling_of
+from localserve.api.llamacpp.infill_run import InfillRun, LlamaParams, sampling_of, with_server_defaults
 from localserve.api.middleware import parse_body
 from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.sse import SseWriter
@@ -57,13 +57,14 @@ def register(app: web.Application) -> None:
 
 async def completion(request: web.Request) -> web.StreamResponse:
     """llama-server's native completion (see the module docstring)."""
-    body = await parse_body(request, NativeCompletionRequest)
+    settings = request.app[SETTINGS]
+    body = with_server_defaults(await parse_body(request, NativeCompletionRequest), settings.temp, settings.seed)
     host = RequestModels(request)
     model_id = await hold_chat_model(host, body.model or "")
     tokenizer = host.registry.engine.tokenizer(model_id)
     prompts = await asyncio.to_thread(_prompts, body.prompt, tokenizer)
     bias = await asyncio.to_thread(logit_bias_pairs, body.logit_bias, tokenizer)
-    n_predict = _n_predict(body.n_predict, request.app[SETTINGS].n_predict)
+    n_predict = _n_predict(body.n_predict, settings.n_predict)
     options = Options(
         sampling=sampling_of(body, bias),
         max_tokens=n_predict if n_predict > 0 else None,

@@ -26,11 +26,11 @@ import logging
 from aiohttp import web
 
 from localserve.api.hosting import RequestModels
-from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, sampling_of
+from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, sampling_of, with_server_defaults
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
-from localserve.api.state import REGISTRY
+from localserve.api.state import REGISTRY, SETTINGS
 from localserve.engine.types import parse_priority
 from localserve.errors import LocalServeError, ModelNotFoundError
 from localserve.serving import types as serving
@@ -48,7 +48,8 @@ def register(app: web.Application) -> None:
 
 
 async def infill(request: web.Request) -> web.StreamResponse:
-    body = await parse_body(request, InfillRequest)
+    settings = request.app[SETTINGS]
+    body = with_server_defaults(await parse_body(request, InfillRequest), settings.temp, settings.seed)
     options = Options(
         sampling=sampling_of(body),
         max_tokens=body.n_predict if body.n_predict > 0 else None,

@@ -5,8 +5,9 @@ llama.cpp's server gives it: the text with its `n_indent` and
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,8 +28,8 @@ class InfillExtra(BaseModel):
 class LlamaParams(BaseModel):
     """The generation fields llama.cpp's `/completion` and `/infill` share,
     with llama-server's defaults. `cache_prompt` (the prefix cache is always
-    on), `samplers` (the engine's chain is fixed), `id_slot`,
-    `t_max_prompt_ms` and `post_sampling_probs` are accepted and ignored."""
+    on), `samplers` (the engine's chain is fixed), `id_slot` and
+    `t_max_prompt_ms` are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -64,6 +65,10 @@ class LlamaParams(BaseModel):
     samplers: list[str] | str | None = None
     id_slot: int = -1
     logit_bias: LogitBias | None = None
+    post_sampling_probs: bool = False  # n_probs as probabilities (`prob`, `top_probs`)
+
+
+LlamaParamsT = TypeVar("LlamaParamsT", bound=LlamaParams)
 
 
 class InfillRequest(LlamaParams):
@@ -161,7 +166,9 @@ class InfillRun:
         if event.token_ids:
             self.token_ids.extend(event.token_ids)
             if self.tokenizer is not None and self.body.n_probs:
-                self.probs.extend(token_probs(self.tokenizer, p) for p in event.logprobs)
+                self.probs.extend(
+                    token_probs(self.tokenizer, p, as_probs=self.body.post_sampling_probs) for p in event.logprobs
+                )
             self.first_token_at = self.first_token_at or now
         self.num_prompt_tokens = event.num_prompt_tokens or self.num_prompt_tokens
         if event.finished:
@@ -210,6 +217,7 @@ class InfillRun:
         num_cached = self.final.num_cached_tokens if self.final else 0
         prompt_n = max(0, self.num_prompt_tokens - num_cached)
         predicted_n = len(self.token_ids)
+        num_steps = max(0, predicted_n - 1)
         body = self.body
         out: dict[str, Any] = {
             "index": self.index,
@@ -247,8 +255,9 @@ class InfillRun:
                 "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
                 "predicted_n": predicted_n,
                 "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-                "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
+                # The first token comes with the prompt's last batch: the time after it is n - 1 decode steps.
+                "predicted_per_token_ms": predicted_ms / num_steps if num_steps else 0.0,
+                "predicted_per_second": num_steps / predicted_ms * 1000 if num_steps and predicted_ms > 0 else 0.0,
             },
         }
         if body.n_probs and not streamed:
@@ -256,17 +265,32 @@ class InfillRun:
         return _select(out, body.response_fields) if body.response_fields else out
 
 
-def token_probs(tokenizer: Tokenizer, logprob: TokenLogprob) -> dict[str, Any]:
-    """One token of llama-server's `completion_probabilities`."""
+def token_probs(tokenizer: Tokenizer, logprob: TokenLogprob, *, as_probs: bool = False) -> dict[str, Any]:
+    """One token of llama-server's `completion_probabilities`; `as_probs`
+    (its `post_sampling_probs`): `prob` and `top_probs` instead of
+    `logprob` and `top_logprobs`, the model's probabilities (not those the
+    sampler chain renormalized: llama-server's differ there)."""
+    key = "prob" if as_probs else "logprob"
 
     def entry(token_id: int, value: float) -> dict[str, Any]:
         piece = tokenizer.token_bytes(token_id)
         text = piece.decode("utf-8", errors="replace")
-        return {"id": token_id, "token": text, "bytes": list(piece), "logprob": value}
+        return {"id": token_id, "token": text, "bytes": list(piece), key: math.exp(value) if as_probs else value}
 
     out = entry(logprob.token_id, logprob.logprob)
-    out["top_logprobs"] = [entry(token_id, value) for token_id, value in logprob.top]
+    top = [entry(token_id, value) for token_id, value in logprob.top]
+    out["top_probs" if as_probs else "top_logprobs"] = [e for e in top if e[key] > 0] if as_probs else top
     return out
+
+
+def with_server_defaults(body: LlamaParamsT, temp: float, seed: int) -> LlamaParamsT:
+    """`body` with the server's `--temp` and `--seed` where it sets none, as llama-server fills them."""
+    update: dict[str, Any] = {}
+    if "temperature" not in body.model_fields_set:
+        update["temperature"] = temp
+    if "seed" not in body.model_fields_set and seed >= 0:
+        update["seed"] = seed
+    return body.model_copy(update=update) if update else body
 
 
 def sampling_of(body: LlamaParams, logit_bias: tuple[tuple[int, float], ...] = ()) -> SamplingParams:

@@ -140,7 +140,7 @@ async def props(request: web.Request) -> web.Response:
                 "id": 0,
                 "n_ctx": capacity.n_ctx,
                 "is_processing": False,
-                "params": _default_params(settings.n_predict),
+                "params": _default_params(settings.n_predict, settings.temp, settings.seed),
             },
             "total_slots": capacity.max_num_seqs,
             "model_alias": model_id,
@@ -157,12 +157,12 @@ async def props(request: web.Request) -> web.Response:
     )
 
 
-def _default_params(n_predict: int) -> dict[str, Any]:
+def _default_params(n_predict: int, temperature: float, seed: int) -> dict[str, Any]:
     """llama-server's defaults, which `/completion` and `/infill` use."""
     return {
         "n_predict": n_predict,
-        "seed": -1,
-        "temperature": 0.8,
+        "seed": seed,
+        "temperature": temperature,
         "top_k": 40,
         "top_p": 0.95,
         "min_p": 0.05,
