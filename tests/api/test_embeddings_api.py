@@ -188,6 +188,20 @@ def test_mixed_lists_and_llama_servers_native_embeddings(client: openai.OpenAI, 
             np.testing.assert_allclose(item["embedding"][0], from_text, atol=1e-6)
 
 
+def test_llama_server_object_entries(client: openai.OpenAI, http: httpx.Client) -> None:
+    text = "A man is eating food."
+    from_text = vectors(client.embeddings.create(model=MODEL, input=text))[0]
+    parts = {"content": [{"type": "text", "text": "A man is "}, {"type": "text", "text": "eating food."}]}
+    body = {"model": MODEL, "input": [{"prompt_string": text}, parts]}
+    data = http.post("/v1/embeddings", json=body).json()["data"]
+    for item in data:
+        np.testing.assert_allclose(item["embedding"], from_text, atol=1e-6)
+    single = http.post("/v1/embeddings", json={"model": MODEL, "input": parts}).json()["data"]
+    assert len(single) == 1
+    for bad in ({"content": "text"}, {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}):
+        assert http.post("/v1/embeddings", json={"model": MODEL, "input": bad}).status_code == 400
+
+
 def test_chat_on_an_embeddings_model_says_where_to_go(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 400 and "/v1/embeddings" in response.json()["error"]["message"]

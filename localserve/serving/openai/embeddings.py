@@ -27,6 +27,17 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     priority: float | str | None = None
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _object_entries(cls, value: Any) -> Any:
+        """llama-server's object entries: `{"prompt_string": text}` or
+        `{"content": [{"type": "text", "text": ...}, ...]}` (text parts only)."""
+        if isinstance(value, dict):
+            return _object_text(value)
+        if isinstance(value, list):
+            return [_object_text(v) if isinstance(v, dict) else v for v in value]
+        return value
+
     @field_validator("input")
     @classmethod
     def _check_input(cls, value: Any) -> Any:
@@ -51,6 +62,18 @@ class EmbeddingRequest(BaseModel):
         if value and all(isinstance(x, int) for x in value):
             return [value]  # type: ignore[list-item]  # one token list
         return list(value)  # type: ignore[arg-type]
+
+
+def _object_text(entry: dict[str, Any]) -> str:
+    text = entry.get("prompt_string")
+    if isinstance(text, str) and not entry.get("multimodal_data"):
+        return text
+    parts = entry.get("content")
+    if isinstance(parts, list) and parts and all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        texts = [p.get("text") for p in parts]
+        if all(isinstance(t, str) for t in texts):
+            return "".join(texts)  # type: ignore[arg-type]
+    raise ValueError("an input object is {'prompt_string': text} or {'content': [text parts]} (this model takes text)")
 
 
 async def answer(host: ModelHost, body: EmbeddingRequest, *, arrays: bool = False) -> dict[str, Any]:
