@@ -6,7 +6,7 @@ and aging, preemption, batch work beside other work, reserved slots, the
 prefix cache and KV room) are in docs/architecture.md, "Scheduler rules".
 Beside it: `kv_slots` (slots, the prefix cache and its disk tier's
 restores), `speculation.DraftPlanner` (drafts) and `output_processor` (text
-and stops, the step after `update`).
+and stops, which `update` applies).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from localserve.engine.batch_policy import BatchPolicy, StepGate, reserved_slots
 from localserve.engine.counters import SchedulerCounters
 from localserve.engine.kv_slots import DiskRestores, SlotTable, StepPlan
-from localserve.engine.output_processor import ProcessedOutput, SeqOutput, token_event
+from localserve.engine.output_processor import OutputProcessor, ProcessedOutput, SeqOutput, token_event
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.sequence import SeqStatus, Sequence, SequenceTable, Slot
 from localserve.engine.speculation import DraftPlanner, kept_cells
@@ -46,12 +46,16 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         disk: DiskPrefixStore | None = None,
+        output: OutputProcessor | None = None,
     ) -> None:
         if capacity.kv_tokens < capacity.n_ctx:
             raise ValueError("kv_tokens must hold at least one full context (n_ctx)")
         self.capacity = capacity
         self.config = config or SchedulerConfig()
         self.counters = SchedulerCounters()
+        # Text and stops of what each step sampled (`update`); a model without
+        # end-of-generation tokens or byte pieces by default (tests)
+        self.output = output or OutputProcessor(eog_token_ids=(), token_bytes=_no_bytes, n_ctx=capacity.n_ctx)
         self._clock = clock
         self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
         self.disk = self._slots.disk
@@ -164,15 +168,27 @@ class Scheduler:
             released_seq_ids=released,
         )
 
-    def observe_step(self, batch: StepBatch, seconds: float) -> None:
-        """The measured time of a step that ran (the worker's clock): what
-        the step-time model, and so batch admission, learns from."""
-        self.policy.observe_step(batch.num_tokens, len(batch.chunks), seconds)
+    def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
+        """Everything a step that ran changes, in order: the KV state
+        (computed tokens, accepted drafts, the disk tier's restores), the
+        output processor's verdict on what each sequence sampled (text and
+        stops, `engine/output_processor.py`), the appends and ends it decides,
+        and the step-time model (`result.seconds`, the worker's clock). A
+        step whose backend raised (`result.error`) ends its sequences with
+        that error. Returns the step's events."""
+        if result.error is not None:
+            return self.fail(batch, result.error)
+        outputs = self._apply(batch, result)
+        events = self._append_outputs(self.output.process(outputs))
+        if result.seconds is not None:
+            # what the step-time model, and so batch admission and the thread choice, learn from
+            self.policy.observe_step(batch.num_tokens, len(batch.chunks), result.seconds)
+        return events
 
-    def update(self, batch: StepBatch, result: StepResult) -> list[SeqOutput]:
+    def _apply(self, batch: StepBatch, result: StepResult) -> list[SeqOutput]:
         """Apply a step's results to the KV state: advance computed tokens.
         Returns what each sequence sampled, or its error, for the output
-        processor; `append_outputs` then applies its verdict."""
+        processor."""
         self._now = self._clock()
         outputs: list[SeqOutput] = []
         for chunk in batch.chunks:
@@ -201,7 +217,7 @@ class Scheduler:
                 outputs.append(SeqOutput(seq, (result.sampled[chunk.seq_id], *accepted)))
         return outputs
 
-    def append_outputs(self, processed: Iterable[ProcessedOutput]) -> list[TokenEvent]:
+    def _append_outputs(self, processed: Iterable[ProcessedOutput]) -> list[TokenEvent]:
         """Append the tokens the output processor kept and end the sequences
         a stop or an error ended. Returns the step's events."""
         events = []
@@ -397,3 +413,7 @@ def _decode_first(seq: Sequence) -> tuple[bool, float, float, int]:
     """Running sequences with one token to feed go before those still
     computing a prompt, so a long prompt never stalls others' decoding."""
     return (seq.num_tokens - seq.num_computed_tokens > 1, *_order(seq))
+
+
+def _no_bytes(token_id: int) -> bytes:
+    return b""

@@ -18,7 +18,11 @@ figures), `SchedulerSnapshot` (what the step thread publishes of its
 scheduler after a step) and `ModelSnapshot`, all of a model's figures that
 `Engine.stats` returns. They become JSON once, at the API edge
 (`api/admin/stats_json.py`); a new scheduler figure is a field of
-`SchedulerSnapshot`, filled in `StepWorker._publish_snapshot` and named there.
+`SchedulerSnapshot`, filled in `StepPublisher.publish` and named there.
+
+`StepPublisher` is the step thread's one publisher: after each step it
+records the step's figures, republishes the queue limit's count and, at most
+every `SNAPSHOT_INTERVAL_S` (or when asked), a fresh `SchedulerSnapshot`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from localserve.engine.batch_policy import BatchPolicySnapshot
-from localserve.engine.prefix_disk import DiskTierStats
+from localserve.engine.prefix_disk import DiskPrefixStore, DiskTierStats
+from localserve.engine.queue_count import QueueCount
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.sequence import SeqStatus
 from localserve.engine.threads import ThreadState
 from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
 
@@ -319,3 +326,95 @@ class ModelSnapshot:
     batch_policy: BatchPolicySnapshot
     rates: ModelRates
     threads: ThreadState  # the CPU threads steps compute on, and the CPU other programs take
+
+
+SNAPSHOT_INTERVAL_S = 0.1
+
+
+class StepPublisher:
+    """What one step thread publishes for readers on other threads (module
+    doc): the scheduler's snapshot and the batch policy's, the queue limit's
+    count, and each step's figures in `ModelStats`. Written on the step
+    thread only; readers take the immutable objects it replaces whole."""
+
+    def __init__(
+        self, scheduler: Scheduler, stats: ModelStats, queue_count: QueueCount, disk: DiskPrefixStore | None
+    ) -> None:
+        self._scheduler = scheduler
+        self._stats = stats
+        self._queue_count = queue_count
+        self._disk = disk
+        self._last = 0.0
+        self._counts = (0, 0)  # the scheduler's prefill and decode tokens at the step's start
+        self.snapshot = SchedulerSnapshot()
+        self.batch_policy = scheduler.policy.snapshot()  # what batch admission did, for stats
+
+    def queue(self) -> None:
+        """The queue limit's count (engine/queue_count.py), after the inbox or the scheduler moved."""
+        self._queue_count.publish(self._scheduler)
+
+    def step_started(self, running_request_ids: list[str], now: float) -> None:
+        """A step is about to compute: what it leaves waiting, and the end of its requests' queue wait."""
+        self.queue()
+        self._stats.requests_started(running_request_ids, now)
+        counters = self._scheduler.counters
+        self._counts = (counters.num_prefill_tokens, counters.num_decode_tokens)
+
+    def step_ended(self, num_seqs: int, duration_s: float) -> None:
+        """The step's figures (the scheduler's counters are the one prefill /
+        decode rule; none move in a failed step), and the slots it freed."""
+        counters = self._scheduler.counters
+        self._stats.record_step(
+            num_prefill=counters.num_prefill_tokens - self._counts[0],
+            num_decode=counters.num_decode_tokens - self._counts[1],
+            num_seqs=num_seqs,
+            duration_s=duration_s,
+        )
+        self.queue()
+
+    def publish(self, *, force: bool = False) -> None:
+        """A fresh `SchedulerSnapshot`, at most every SNAPSHOT_INTERVAL_S unless forced."""
+        now = time.monotonic()
+        if not force and now - self._last < SNAPSHOT_INTERVAL_S:
+            return
+        self._last = now
+        scheduler = self._scheduler
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        sequences = []
+        seqs = scheduler.sequences()
+        times = self._stats.request_times(seq.request_id for seq in seqs)
+        for seq in seqs:
+            cls = priority_class(seq.priority)
+            is_running = seq.status is SeqStatus.RUNNING
+            target = running if is_running else waiting
+            target[cls] = target.get(cls, 0) + 1
+            seq_times = times.get(seq.request_id)
+            sequences.append(
+                SeqSnapshot(
+                    request_id=seq.request_id,
+                    priority=seq.priority,
+                    state="running" if is_running else "waiting",
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_output_tokens=seq.num_output_tokens,
+                    max_tokens=seq.sampling.max_tokens,
+                    age_s=now - (seq_times.arrived_at if seq_times else seq.arrival_time),
+                    queue_wait_s=seq_times.queue_wait_s if seq_times else None,
+                    ttft_s=seq_times.ttft_s if seq_times else None,
+                    tokens_per_s=seq_times.tokens_per_s if seq_times else None,
+                )
+            )
+        counters = scheduler.counters
+        self.snapshot = SchedulerSnapshot(
+            running_by_class=running,
+            waiting_by_class=waiting,
+            kv_used=scheduler.kv_used(),
+            sequences=tuple(sequences),
+            num_cached_tokens=counters.num_cached_tokens,
+            num_prompt_tokens=counters.num_prefill_tokens + counters.num_cached_tokens,
+            num_preemptions=counters.num_preemptions,
+            num_draft_tokens=counters.num_draft_tokens,
+            num_accepted_tokens=counters.num_accepted_tokens,
+            disk=replace(self._disk.stats) if self._disk is not None else None,
+        )
+        self.batch_policy = scheduler.policy.snapshot()

@@ -244,3 +244,7 @@ class StepResult:
     restore_failed: tuple[
         int, ...
     ] = ()  # slots whose restore the backend refused: left empty, their chunks not computed
+    # Set by the step thread, not the backend: the step's measured seconds, and
+    # why it failed when `execute` raised (then nothing else is set)
+    seconds: float | None = None
+    error: str | None = None

@@ -15,18 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localserve.backends.base import GenerativeBackend
+from localserve.engine.batch_policy import BatchPolicySnapshot
 from localserve.engine.output_processor import OutputProcessor
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.queue_count import QueueCount
 from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
-from localserve.engine.stats import ModelStats, SchedulerSnapshot, SeqSnapshot
+from localserve.engine.stats import ModelStats, SchedulerSnapshot, StepPublisher
 from localserve.engine.threads import ThreadChooser, ThreadState, shared_cpu_use
-from localserve.engine.types import FinishReason, GenerateRequest, StepResult, TokenEvent, priority_class
+from localserve.engine.types import FinishReason, GenerateRequest, StepBatch, StepResult, TokenEvent
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,21 +67,19 @@ class StepWorker:
         self.backend = backend
         self.disk = disk
         capacity = backend.capacity()
-        self.scheduler = Scheduler(capacity, config=scheduler_config, disk=disk)
-        self.output = OutputProcessor(
+        output = OutputProcessor(
             eog_token_ids=tokenizer.eog_token_ids, token_bytes=tokenizer.token_bytes, n_ctx=capacity.n_ctx
         )
+        self.scheduler = Scheduler(capacity, config=scheduler_config, disk=disk, output=output)
         self.stats = stats or ModelStats()
-        self.snapshot = SchedulerSnapshot()
-        self.batch_policy = self.scheduler.policy.snapshot()  # what batch admission did, for stats
         self._dispatch = dispatch
         self._loop = loop
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
-        self._last_snapshot = 0.0
         self._crashed = False
         self.warmed_up = threading.Event()  # set once the backend has run its warm-up, here on the step thread
         self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
+        self.publisher = StepPublisher(self.scheduler, self.stats, self.queue_count, disk)
         # The CPU threads of the next step (engine/threads.py): chosen per window when adaptive.
         threads = backend.cpu_threads()
         self.threads: ThreadChooser | None = None
@@ -92,6 +89,16 @@ class StepWorker:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def snapshot(self) -> SchedulerSnapshot:
+        """The scheduler's last published state (any thread)."""
+        return self.publisher.snapshot
+
+    @property
+    def batch_policy(self) -> BatchPolicySnapshot:
+        """What batch admission did in the last published step (any thread)."""
+        return self.publisher.batch_policy
 
     def add(self, request: GenerateRequest) -> None:
         """Queue a request (on the event loop, like `abort` and `num_waiting`)."""
@@ -138,7 +145,7 @@ class StepWorker:
                     self._step()
                 # Before blocking on an empty inbox, publish the idle state, or
                 # readers would see finished requests as running.
-                self._publish_snapshot(force=not self.scheduler.has_work())
+                self._publish(force=not self.scheduler.has_work())
             self._save_to_disk()
         except BaseException as exc:  # never leave callers hanging; the thread ends (`alive`)
             log.exception("step loop of %s crashed", self._thread.name)
@@ -146,7 +153,7 @@ class StepWorker:
             message = f"the step loop crashed: {exc}"
             self._fail_everything(message, self._refuse_inbox(message))
         finally:
-            self._publish_snapshot(force=True)
+            self._publish(force=True)
 
     def _save_to_disk(self) -> None:
         """At unload and shutdown: every slot's whole blocks go to the disk tier
@@ -187,7 +194,7 @@ class StepWorker:
         except queue.Empty:
             pass
         finally:
-            self.queue_count.publish(self.scheduler)
+            self.publisher.queue()
             if events:
                 self._post(events)
         return True
@@ -203,45 +210,45 @@ class StepWorker:
         return []
 
     def _step(self) -> None:
-        batch = self.scheduler.schedule()
-        self.queue_count.publish(self.scheduler)  # before the step's compute: what it left waiting
-        if batch.empty:
+        """One step: plan, compute, apply (docs/architecture.md, "The step loop")."""
+        plan = self.scheduler.schedule()
+        result = self._execute(plan)
+        self._after_step(plan, result, self.scheduler.update(plan, result))
+
+    def _execute(self, plan: StepBatch) -> StepResult:
+        """The backend's forward pass over `plan`, timed. A failure is a
+        result too (`error`): the backend's KV of the slots the step touched
+        is cleared, and `update` ends the step's sequences."""
+        self.publisher.step_started(self._running_request_ids(), time.monotonic())
+        if plan.empty:
             # Everything waits on room that a running sequence will free; never
             # spin: nothing runs, so this only happens on a scheduler bug.
             log.error("scheduler produced an empty step with work pending")
             self._fail_everything("internal error: the scheduler could not place any request")
-            self.queue_count.publish(self.scheduler)
-            return
+            return StepResult({}, error="internal error: an empty step")
         started = time.monotonic()
-        self.stats.requests_started(self._running_request_ids(), started)
-        counters = self.scheduler.counters
-        num_prefill, num_decode = counters.num_prefill_tokens, counters.num_decode_tokens
         try:
-            result = self.backend.execute(batch)
+            result = self.backend.execute(plan)
             self._hand_over(result)
         except Exception as exc:
-            log.exception("step %d failed", batch.step_id)
-            events = self.scheduler.fail(batch, f"the backend failed in this step: {exc}")
+            log.exception("step %d failed", plan.step_id)
             try:
-                self.backend.clear_slots(Scheduler.touched_slots(batch))
-                self.backend.release([c.seq_id for c in batch.chunks])
-            except BaseException:  # the loop ends; the scheduler has already let these requests go
-                self._post(events)
+                self.backend.clear_slots(Scheduler.touched_slots(plan))
+                self.backend.release([c.seq_id for c in plan.chunks])
+            except BaseException:  # the loop ends; let the step's requests go first
+                self._post(self.scheduler.update(plan, StepResult({}, error=f"the backend failed: {exc}")))
                 raise
+            return StepResult({}, error=f"the backend failed in this step: {exc}", seconds=time.monotonic() - started)
+        return dataclasses.replace(result, seconds=time.monotonic() - started)
+
+    def _after_step(self, plan: StepBatch, result: StepResult, events: list[TokenEvent]) -> None:
+        """Figures, the next step's threads, and the events out."""
+        if plan.empty:
+            self.publisher.queue()
         else:
-            outputs = self.scheduler.update(batch, result)
-            events = self.scheduler.append_outputs(self.output.process(outputs))  # text and stops
-            self.scheduler.observe_step(batch, time.monotonic() - started)  # the step-time model learns
-            if self.threads is not None:
-                self._choose_threads()
-        # The scheduler's counters are the one prefill/decode rule (none move in a failed step).
-        self.stats.record_step(
-            num_prefill=counters.num_prefill_tokens - num_prefill,
-            num_decode=counters.num_decode_tokens - num_decode,
-            num_seqs=len(batch.chunks),
-            duration_s=time.monotonic() - started,
-        )
-        self.queue_count.publish(self.scheduler)  # the slots of the sequences that ended are free
+            self.publisher.step_ended(len(plan.chunks), result.seconds or 0.0)
+        if self.threads is not None and result.error is None:
+            self._choose_threads()
         if events:
             self._post(events)
 
@@ -274,7 +281,7 @@ class StepWorker:
         self.stats.record_events(events, time.monotonic())
         if any(event.finished for event in events):
             # Whoever reads the stats after a request's end must not see it still running.
-            self._publish_snapshot(force=True)
+            self._publish(force=True)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(self._dispatch, events)
 
@@ -300,50 +307,8 @@ class StepWorker:
         if events:
             self._post(events)
 
-    def _publish_snapshot(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_snapshot < SNAPSHOT_INTERVAL_S:
-            return
-        self._last_snapshot = now
-        running: dict[str, int] = {}
-        waiting: dict[str, int] = {}
-        sequences = []
-        seqs = self.scheduler.sequences()
-        times = self.stats.request_times(seq.request_id for seq in seqs)
-        for seq in seqs:
-            cls = priority_class(seq.priority)
-            is_running = seq.status is SeqStatus.RUNNING
-            target = running if is_running else waiting
-            target[cls] = target.get(cls, 0) + 1
-            seq_times = times.get(seq.request_id)
-            sequences.append(
-                SeqSnapshot(
-                    request_id=seq.request_id,
-                    priority=seq.priority,
-                    state="running" if is_running else "waiting",
-                    num_prompt_tokens=seq.num_prompt_tokens,
-                    num_output_tokens=seq.num_output_tokens,
-                    max_tokens=seq.sampling.max_tokens,
-                    age_s=now - (seq_times.arrived_at if seq_times else seq.arrival_time),
-                    queue_wait_s=seq_times.queue_wait_s if seq_times else None,
-                    ttft_s=seq_times.ttft_s if seq_times else None,
-                    tokens_per_s=seq_times.tokens_per_s if seq_times else None,
-                )
-            )
-        counters = self.scheduler.counters
-        self.snapshot = SchedulerSnapshot(
-            running_by_class=running,
-            waiting_by_class=waiting,
-            kv_used=self.scheduler.kv_used(),
-            sequences=tuple(sequences),
-            num_cached_tokens=counters.num_cached_tokens,
-            num_prompt_tokens=counters.num_prefill_tokens + counters.num_cached_tokens,
-            num_preemptions=counters.num_preemptions,
-            num_draft_tokens=counters.num_draft_tokens,
-            num_accepted_tokens=counters.num_accepted_tokens,
-            disk=dataclasses.replace(self.disk.stats) if self.disk is not None else None,
-        )
-        self.batch_policy = self.scheduler.policy.snapshot()
+    def _publish(self, *, force: bool = False) -> None:
+        self.publisher.publish(force=force)
         if self.threads is not None:
             self.thread_state = self.threads.state()
 

@@ -240,8 +240,8 @@ class Driver:
         self.step_cost = step_cost
         self.backend = ScriptedBackend(capacity, next_token, draft_token)
         self.disk = disk
-        self.scheduler = Scheduler(capacity, config=config, clock=self.clock, disk=disk)
-        self.output = OutputProcessor(eog_token_ids={EOS}, token_bytes=token_bytes, n_ctx=capacity.n_ctx)
+        output = OutputProcessor(eog_token_ids={EOS}, token_bytes=token_bytes, n_ctx=capacity.n_ctx)
+        self.scheduler = Scheduler(capacity, config=config, clock=self.clock, disk=disk, output=output)
         self.records: dict[str, RequestRecord] = {}
         self.seq_ids: dict[str, int] = {}
         self.batches: list[StepBatch] = []
@@ -273,9 +273,7 @@ class Driver:
             self.disk.flush()
         seconds = self.step_s if self.step_cost is None else self.step_cost(batch.num_tokens, len(batch.chunks))
         self.clock.advance(seconds)
-        self.scheduler.observe_step(batch, seconds)
-        outputs = self.scheduler.update(batch, result)
-        for event in self.scheduler.append_outputs(self.output.process(outputs)):
+        for event in self.scheduler.update(batch, dataclasses.replace(result, seconds=seconds)):
             self._record(event)
         self._check_kv_agrees()
         self._check_queue()
