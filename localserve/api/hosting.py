@@ -11,8 +11,8 @@ from localserve.api.admin.metrics import note_model
 from localserve.api.http_edge import OUTPUT_TOKENS
 from localserve.api.leases import use_model
 from localserve.api.state import REGISTRY, STATE
-from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
+from localserve.engine.backend import Tokenizer
 from localserve.models.kinds import Kinds
 from localserve.models.registry import ModelRegistry
 from localserve.serving.models import LocalModels

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
 from localserve.config import ServerSettings
+from localserve.engine.backend import Tokenizer
 from localserve.engine.engine import Engine
 from localserve.models.registry import ModelRegistry
 from localserve.serving.prompts import TemplateCache

@@ -37,7 +37,7 @@ from localserve.errors import InvalidRequestError
 if TYPE_CHECKING:
     import llguidance
 
-    from localserve.backends.base import Tokenizer
+    from localserve.engine.backend import Tokenizer
     from localserve.engine.types import SamplingParams
 
 

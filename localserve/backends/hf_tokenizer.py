@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import LocalServeError, NotUnicodeError
 
 if TYPE_CHECKING:

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from localserve.backends.base import GenerativeBackend
 from localserve.backends.constraints import GrammarMatcher, think_budget
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, token_logprob
+from localserve.engine.backend import GenerativeBackend
 from localserve.engine.types import (
     Capacity,
     KvOp,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from localserve.backends.base import OneShotBackend
+from localserve.engine.backend import OneShotBackend
 from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
 from localserve.engine.batcher_stats import BatcherSnapshot, BatcherStats
 from localserve.engine.threads import ThreadChooser, shared_cpu_use

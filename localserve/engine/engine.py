@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localserve.backends.base import GenerativeBackend, Tokenizer
+from localserve.engine.backend import GenerativeBackend, Tokenizer
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.stats import Histogram, ModelSnapshot, ModelStats

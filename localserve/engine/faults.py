@@ -14,7 +14,7 @@ import threading
 from collections.abc import Collection
 from typing import Any
 
-from localserve.backends.base import BackendInfo, GenerativeBackend, Tokenizer
+from localserve.engine.backend import BackendInfo, GenerativeBackend, Tokenizer
 from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
 
 #: The number of steps that means "every step, until `clear()`".

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localserve.backends.base import GenerativeBackend
+from localserve.engine.backend import GenerativeBackend
 from localserve.engine.batch_policy import BatchPolicySnapshot
 from localserve.engine.output_processor import OutputProcessor
 from localserve.engine.prefix_disk import DiskPrefixStore

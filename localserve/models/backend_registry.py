@@ -14,7 +14,7 @@ returning either. In its `pyproject.toml`:
 
 A path is served by the first built-in backend that detects it, else by the
 first plugin that does; a catalog entry's `backend` picks one by name. A chat
-backend's `open` returns a `GenerativeBackend` (backends/base.py), the
+backend's `open` returns a `GenerativeBackend` (engine/backend.py), the
 others a `OneShotBackend` whose items are what the route hands it (see
 `backends/llamacpp/embeddings.py` and `backends/speech/faster_whisper.py`).
 """

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import OneShotBackend
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import OneShotBackend
 from localserve.models.kinds import ModelKind
 
 log = logging.getLogger(__name__)

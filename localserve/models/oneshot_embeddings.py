@@ -31,8 +31,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import OneShotBackend
 from localserve.errors import DeviceNotFoundError, LocalServeError
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localserve.backends.base import OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import OneShotBackend
 from localserve.models.convert.cache import log_progress
 
 FASTER_WHISPER, WHISPER_CPP, OPENVINO = "whisper", "whisper.cpp", "openvino"

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
 from localserve.errors import ContextLengthError
 from localserve.serving.generation import MergedStreams, event_error, submit_all

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import ContextLengthError, InvalidRequestError
 from localserve.serving.types import ExtraChunk
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
+from localserve.engine.backend import Tokenizer
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotDownloadedError, ModelNotFoundError
 from localserve.models.kinds import Kinds, ModelKind

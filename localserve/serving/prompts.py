@@ -8,8 +8,8 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
+from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError
 from localserve.serving.reasoning import ReasoningFormat
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from localserve.backends.base import GenerativeBackend
+from localserve.engine.backend import GenerativeBackend
 from localserve.engine.types import SamplingParams
 from localserve.errors import InvalidRequestError
 from localserve.serving.types import Options

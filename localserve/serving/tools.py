@@ -69,8 +69,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from localserve.backends.base import Tokenizer
 from localserve.backends.chat_template import ChatTemplate
+from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError
 from localserve.serving.grammar import check_grammar, closed_objects, json_options
 from localserve.serving.types import FunctionTool, Tools

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from localserve.backends.base import GenerativeBackend
+from localserve.engine.backend import GenerativeBackend
 from localserve.models.plan import LoadReport
 from localserve.models.registry import ModelRegistry, ModelSpec
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings, open_raw_stream, read_until

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from localserve.api.state import REGISTRY
-from localserve.backends.base import BackendInfo, OneShotBackend
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.engine.batcher import Batcher
 from localserve.engine.types import GenerateRequest, SamplingParams
 from localserve.models.kinds import ModelKind

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection
 
-from localserve.backends.base import BackendInfo, GenerativeBackend, Tokenizer
+from localserve.engine.backend import BackendInfo, GenerativeBackend, Tokenizer
 from localserve.engine.types import Capacity, StepBatch, StepResult
 from tests.engine.scripted import EOS, VOCAB, NextToken, ScriptedBackend, hashed_next_token, make_capacity, token_bytes
 

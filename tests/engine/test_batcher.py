@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import pytest
 
-from localserve.backends.base import BackendInfo, OneShotBackend
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
 from localserve.errors import BackendError, EngineStoppedError, QueueFullError

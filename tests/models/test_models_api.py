@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from localserve.backends.base import GenerativeBackend
+from localserve.engine.backend import GenerativeBackend
 from localserve.engine.faults import WrappedBackend
 from localserve.engine.types import StepBatch, StepResult
 from localserve.models.plan import LoadReport

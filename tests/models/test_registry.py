@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from localserve.backends.base import BackendInfo, GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import BackendInfo, GenerativeBackend, OneShotBackend
 from localserve.engine.batcher import BatcherConfig
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE
 from localserve.engine.types import Capacity, FinishReason, TokenEvent

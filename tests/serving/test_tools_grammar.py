@@ -12,7 +12,7 @@ from typing import Literal
 import llguidance
 import numpy as np
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.serving.tools import MAX_PARALLEL_CALLS, plan_tools
 from localserve.serving.types import FunctionTool, Tools
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError
 
 LogitBias = list[list[Any]] | dict[str, Any]

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localserve.api.llamacpp.bias import LogitBias, reported
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob, parse_priority
 from localserve.serving.generation import event_error
 

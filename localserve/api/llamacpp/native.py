@@ -26,7 +26,7 @@ from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.state import REGISTRY, SETTINGS
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.serving.chat import render_chat
 from localserve.serving.embeddings import EmbeddingsRequest, embed

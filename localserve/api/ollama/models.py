@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.state import REGISTRY
-from localserve.backends.base import BackendInfo
+from localserve.engine.backend import BackendInfo
 from localserve.errors import ModelNotFoundError
 from localserve.models.kinds import ModelKind
 from localserve.models.oneshot import gguf_architecture

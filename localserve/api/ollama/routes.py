@@ -45,7 +45,7 @@ from localserve.api.ollama.models import (
 )
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.models.kinds import ModelKind
 from localserve.serving.embeddings import Embeddings, EmbeddingsRequest

@@ -11,7 +11,7 @@ from aiohttp import web
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.sse import stream_answer
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.engine.types import TokenLogprob
 from localserve.serving.openai.chat import start, whole
 from localserve.serving.openai.schemas import ChatCompletionRequest

@@ -18,7 +18,7 @@ from aiohttp import web
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.sse import stream_answer
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.serving.openai.completions import echoes, start, whole
 from localserve.serving.openai.schemas import CompletionRequest
 from localserve.serving.openai.wire import AnswerMeta, legacy_logprobs, usage

@@ -24,7 +24,6 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localserve.backends.base import BackendInfo, GenerativeBackend
 from localserve.backends.constraints import GrammarMatcher, think_budget
 from localserve.backends.kv_types import KV_CACHE_TYPES
 from localserve.backends.llamacpp.devices import init_llama, load_model, warm_up
@@ -34,6 +33,7 @@ from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, greedy_rows
 from localserve.backends.numpy_sampling import token_logprob as row_logprob
+from localserve.engine.backend import BackendInfo, GenerativeBackend
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 

@@ -17,8 +17,8 @@ import dataclasses
 
 import llama_cpp
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.llamacpp.embeddings import LlamaEmbeddingBackend, LlamaEmbeddingConfig, TokenIds
+from localserve.engine.backend import BackendInfo
 from localserve.errors import ContextLengthError
 
 

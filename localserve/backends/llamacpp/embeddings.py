@@ -19,9 +19,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localserve.backends.base import BackendInfo, OneShotBackend
 from localserve.backends.llamacpp.devices import init_llama, load_model
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.errors import BackendError, ContextLengthError, InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.errors import NotUnicodeError
 
 if TYPE_CHECKING:

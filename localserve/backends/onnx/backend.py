@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.kv_decoder import (
     KvDecoderBackend,
@@ -23,6 +22,7 @@ from localserve.backends.kv_decoder import (
     read_model_config,
 )
 from localserve.backends.onnx.providers import label, session_providers
+from localserve.engine.backend import BackendInfo
 from localserve.errors import LocalServeError
 
 

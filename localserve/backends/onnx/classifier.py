@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo, OneShotBackend
 from localserve.backends.onnx.embeddings import open_session
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.errors import ContextLengthError, LocalServeError
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo, OneShotBackend
 from localserve.backends.onnx.providers import label, session_providers
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.errors import ContextLengthError, InvalidRequestError, LocalServeError
 
 TokenIds = tuple[int, ...]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.device_names import AUTO, CPU, GPU, NPU, DeviceTable, Present
 from localserve.backends.hf_tokenizer import HFTokenizer
 from localserve.backends.kv_decoder import (
@@ -35,6 +34,7 @@ from localserve.backends.openvino.static import (
     static_calls,
     static_input_shapes,
 )
+from localserve.engine.backend import BackendInfo
 from localserve.engine.types import SeqChunk
 from localserve.errors import LocalServeError
 

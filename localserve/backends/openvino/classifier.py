@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.onnx.classifier import PaddedClassifierBackend
 from localserve.backends.openvino.backend import resolve_device
+from localserve.engine.backend import BackendInfo
 from localserve.errors import LocalServeError
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")

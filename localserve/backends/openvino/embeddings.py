@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.onnx.embeddings import PaddedEmbeddingBackend, TokenIds
 from localserve.backends.openvino.backend import resolve_device
+from localserve.engine.backend import BackendInfo
 from localserve.errors import LocalServeError
 
 #: Static shape on the NPU unless the config says otherwise.

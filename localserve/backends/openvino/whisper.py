@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.openvino.backend import available_devices, resolve_device
 from localserve.backends.speech.common import WINDOW_S, Segment, Word
 from localserve.backends.speech.windows import SampleWindow, SampleWindowBackend, WindowTranscript, compression_ratio
+from localserve.engine.backend import BackendInfo
 from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo, OneShotBackend
 from localserve.backends.device_names import AUTO, CPU, GPU, DeviceTable, Present
 from localserve.backends.speech.common import (
     FRAMES_PER_S,
@@ -31,6 +30,7 @@ from localserve.backends.speech.common import (
     Transcript,
     Word,
 )
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.errors import InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)

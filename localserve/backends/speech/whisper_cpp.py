@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo
 from localserve.backends.device_names import AUTO, CPU, DeviceTable, Present
 from localserve.backends.speech.common import WINDOW_S, Segment, Word
 from localserve.backends.speech.windows import SampleWindow, SampleWindowBackend, WindowTranscript, compression_ratio
+from localserve.engine.backend import BackendInfo
 from localserve.errors import LocalServeError
 
 log = logging.getLogger(__name__)

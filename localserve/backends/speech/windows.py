@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localserve.backends.base import OneShotBackend
 from localserve.backends.speech.common import (
     FRAMES_PER_S,
     SAMPLE_RATE,
@@ -29,6 +28,7 @@ from localserve.backends.speech.common import (
     TranscribeOptions,
     Transcript,
 )
+from localserve.engine.backend import OneShotBackend
 from localserve.errors import InvalidRequestError
 
 

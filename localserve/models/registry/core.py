@@ -48,8 +48,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import GenerativeBackend, OneShotBackend
 from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE, Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig

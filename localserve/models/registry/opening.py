@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from localserve.backends.base import GenerativeBackend, OneShotBackend
 from localserve.config import ServerSettings
+from localserve.engine.backend import GenerativeBackend, OneShotBackend
 from localserve.engine.batcher import BatcherConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.backend_registry import BackendContext, Opened, as_opened, named

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from localserve.backends.base import GenerativeBackend, OneShotBackend
+from localserve.engine.backend import GenerativeBackend, OneShotBackend
 from localserve.engine.batcher import Batcher
 from localserve.models.kinds import ModelKind
 from localserve.models.plan import LoadReport

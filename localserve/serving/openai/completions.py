@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.serving.answer import Answer
 from localserve.serving.completions import start_completion
 from localserve.serving.models import ModelHost

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localserve import __version__
-from localserve.backends.base import Tokenizer
+from localserve.engine.backend import Tokenizer
 from localserve.engine.types import TokenLogprob
 from localserve.serving.types import ChoiceResult, ToolCall, Usage
 

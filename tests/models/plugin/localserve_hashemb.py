@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localserve.backends.base import BackendInfo, OneShotBackend
+from localserve.engine.backend import BackendInfo, OneShotBackend
 from localserve.errors import InvalidRequestError
 from localserve.models.backend_registry import EMBEDDINGS, BackendContext, BackendSpec
 
