@@ -193,9 +193,6 @@ class Engine:
             stream._deliver(_ended(stream, request_id, FinishReason.ERROR, message))
         return len(streams)
 
-    def model_ids(self) -> list[str]:
-        return list(self._models)
-
     def has_model(self, model_id: str) -> bool:
         return model_id in self._models
 

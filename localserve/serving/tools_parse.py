@@ -171,10 +171,6 @@ class ToolCallParser:
             self._held.clear()
         return released
 
-    @property
-    def in_call(self) -> bool:
-        return self.state not in ("start", "text")
-
     def _step(self, out: list[Delta]) -> bool:
         """Handle what the buffer allows; True to go on."""
         if self.state == "text":

@@ -91,9 +91,6 @@ class OutputFormat:
     strict: bool = False
     text: str | None = None  # kind "grammar"
 
-    def schema_key(self) -> str:
-        return json.dumps(self.schema, sort_keys=True)
-
 
 @dataclass(frozen=True, slots=True)
 class Options:

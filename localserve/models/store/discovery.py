@@ -196,9 +196,3 @@ def _row(name: str, labels: tuple[str, ...], size_bytes: int, backend: BackendSp
 def servable(row: dict[str, Any]) -> bool:
     """Weights here and backend installed."""
     return bool(row["installed"]) and not row["needs"]
-
-
-def require_backend(found: Found) -> Found:
-    """`found`, or a 400 naming the extra its backend needs."""
-    found.backend.require(found.name)
-    return found
