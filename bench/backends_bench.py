@@ -133,7 +133,7 @@ async def bench(args: argparse.Namespace) -> None:
 def bench_padding(args: argparse.Namespace) -> None:
     """One step of 7 decode tokens + a 64-token prompt chunk: one padded call
     against the default split (decodes together, the chunk alone)."""
-    from localserve.engine.types import KvOp, SeqChunk, StepBatch
+    from localserve.engine.types import KvOp, SeqChunk, StepPlan
 
     backends = open_backends(args.backends.split(","), args.threads, 8)
     greedy = SamplingParams(temperature=0.0)
@@ -143,7 +143,7 @@ def bench_padding(args: argparse.Namespace) -> None:
         tok = backend.tokenizer()
         ids = tok.encode(PROMPT * 8, add_special=False)
         for s in range(7):
-            backend.execute(StepBatch(0, (), (SeqChunk(s, s, tuple(ids[:64]), 0, True, greedy),)))
+            backend.execute(StepPlan(0, (), (SeqChunk(s, s, tuple(ids[:64]), 0, True, greedy),)))
         for label, factor in (("split", 1.25), ("one padded call", float("inf"))):
             backend.max_padding = factor
             times = []
@@ -152,7 +152,7 @@ def bench_padding(args: argparse.Namespace) -> None:
                 chunks = [SeqChunk(s, s, (ids[64],), 64, True, greedy) for s in range(7)]
                 chunks.append(SeqChunk(7, 7, tuple(ids[:64]), 0, True, greedy))
                 started = time.perf_counter()
-                backend.execute(StepBatch(0, keep, tuple(chunks)))
+                backend.execute(StepPlan(0, keep, tuple(chunks)))
                 times.append(time.perf_counter() - started)
             print(f"{name}: 7 decodes + 64-token chunk, {label}: {1000 * min(times):.0f} ms/step (best)")
         backend.close()

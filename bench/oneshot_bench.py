@@ -1,8 +1,8 @@
-"""One-shot models through the micro-batcher, batching on vs off.
+"""One-shot models through the one-shot queue, batching on vs off.
 
 Clients (1 and 32 at once by default) each send single-input requests until
 a shared pool is used up; `on` is the server's batching (models/oneshot.py),
-`off` the same batcher with max_batch_size=1. Each backend is opened as the
+`off` the same queue with max_batch_size=1. Each backend is opened as the
 server opens it (models/oneshot.py), so the conversions and settings are the
 served ones:
 
@@ -18,7 +18,7 @@ Each row also holds the ceiling for its load: the best items/s the backend's
 own `run()` gives on the same texts taken as N clients hand them over (pool
 order, N at a time), each N sorted by length and cut into batches of 1, 2, 4,
 ... up to N (no queue, the least padding), and
-the micro-batcher's items/s against it ("on / ceiling"). Each client count
+the one-shot queue's items/s against it ("on / ceiling"). Each client count
 runs `--rounds` rounds of ceiling, off and on, the order rotating round by
 round; ratios are taken within a round (the host's speed drifts by tens of
 percent within minutes) and the row gives their median and range.
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.compare_servers import wait_for_quiet  # noqa: E402
 from localserve.engine.backend import OneShotBackend  # noqa: E402
 from localserve.config import ServerSettings  # noqa: E402
-from localserve.engine.batcher import Batcher, BatcherConfig  # noqa: E402
+from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig  # noqa: E402
 from localserve.models.kinds import ModelKind  # noqa: E402
 from localserve.models.oneshot import BATCHING, open_oneshot  # noqa: E402
 
@@ -140,7 +140,7 @@ class Bench:
         return wait_for_quiet(self.max_wait_quiet_s, self.max_load), False
 
 
-async def drive(batcher: Batcher, jobs: list, run_one: Callable[[Batcher, Any], Awaitable[None]], clients: int):  # type: ignore[no-untyped-def,type-arg]
+async def drive(queue: OneShotQueue, jobs: list, run_one: Callable[[OneShotQueue, Any], Awaitable[None]], clients: int):  # type: ignore[no-untyped-def,type-arg]
     """`clients` tasks take jobs from a shared pool until it is empty: (seconds, latencies)."""
     pool = list(reversed(jobs))
     latencies: list[float] = []
@@ -149,7 +149,7 @@ async def drive(batcher: Batcher, jobs: list, run_one: Callable[[Batcher, Any], 
         while pool:
             job = pool.pop()
             started = time.monotonic()
-            await run_one(batcher, job)
+            await run_one(queue, job)
             latencies.append(time.monotonic() - started)
 
     started = time.monotonic()
@@ -158,25 +158,25 @@ async def drive(batcher: Batcher, jobs: list, run_one: Callable[[Batcher, Any], 
 
 
 async def measure(
-    bench: Bench, backend: OneShotBackend, config: BatcherConfig, jobs: list, run_one, clients: int
+    bench: Bench, backend: OneShotBackend, config: OneShotQueueConfig, jobs: list, run_one, clients: int
 ) -> Cell:  # type: ignore[no-untyped-def,type-arg]
-    warm = Batcher("warm-up", backend, config)  # graphs, caches, thread pools
+    warm = OneShotQueue("warm-up", backend, config)  # graphs, caches, thread pools
     try:
         await drive(warm, jobs[: min(4, len(jobs))], run_one, 4)
     finally:
         await asyncio.to_thread(warm.close)
     load, busy = await asyncio.to_thread(bench.quiet)
-    batcher = Batcher("bench", backend, config)
+    queue = OneShotQueue("bench", backend, config)
     me = psutil.Process()
     try:
         cpu0, own0 = psutil.cpu_times(), me.cpu_times()
-        elapsed, latencies = await drive(batcher, jobs, run_one, clients)
+        elapsed, latencies = await drive(queue, jobs, run_one, clients)
         cpu1, own1 = psutil.cpu_times(), me.cpu_times()
     finally:
-        await asyncio.to_thread(batcher.close)
+        await asyncio.to_thread(queue.close)
     own = (own1.user + own1.system) - (own0.user + own0.system)
-    stats = batcher.stats()
-    if not isinstance(stats, dict):  # a typed snapshot (engine/batcher_stats.py) where the tree has it
+    stats = queue.stats()
+    if not isinstance(stats, dict):  # a typed snapshot (engine/oneshot_stats.py) where the tree has it
         stats = {name: getattr(stats, name) for name in ("mean_batch_size", "padding_ratio")}
     return Cell(
         items_per_s=len(jobs) / elapsed,
@@ -203,8 +203,8 @@ def texts(count: int) -> list[str]:
     return [" ".join(rng.choice(VOCAB, size=int(rng.integers(2, 121)))) for _ in range(count)]
 
 
-async def embed_one(batcher: Batcher, tokens: object) -> None:  # type: ignore[type-arg]
-    await batcher.submit([tokens])
+async def embed_one(queue: OneShotQueue, tokens: object) -> None:  # type: ignore[type-arg]
+    await queue.submit([tokens])
 
 
 def speech_clips(count: int, workdir: Path) -> list[bytes]:
@@ -217,10 +217,10 @@ def speech_clips(count: int, workdir: Path) -> list[bytes]:
 def transcribe_one(backend):  # type: ignore[no-untyped-def]
     from localserve.backends.speech.common import TranscribeOptions, decode_audio
 
-    async def run(batcher: Batcher, data: bytes) -> None:  # type: ignore[type-arg]
+    async def run(queue: OneShotQueue, data: bytes) -> None:  # type: ignore[type-arg]
         audio = await asyncio.to_thread(decode_audio, data, max_seconds=600)
         plan = await asyncio.to_thread(backend.plan, audio, TranscribeOptions())
-        results = await batcher.submit(plan.windows)
+        results = await queue.submit(plan.windows)
         backend.assemble(plan, results, "transcribe")
 
     return run
@@ -241,7 +241,7 @@ PADDING_HEADER = [
 
 
 def throughput_rows(
-    bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig, clients: list[int], rounds: int
+    bench: Bench, name: str, backend, jobs, run_one, base: OneShotQueueConfig, clients: list[int], rounds: int
 ):  # type: ignore[no-untyped-def]
     """Per client count, `rounds` rounds of the ceiling, batching off and
     batching on, in an order that rotates round by round (the host's speed
@@ -318,7 +318,7 @@ def pool_ceiling(backend, tokens: list, max_size: int) -> tuple[float, int]:  # 
     return rates[best], best
 
 
-def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: BatcherConfig) -> str:  # type: ignore[no-untyped-def]
+def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: OneShotQueueConfig) -> str:  # type: ignore[no-untyped-def]
     cells = {
         g: asyncio.run(measure(bench, backend, replace(base, group_by_length=g), jobs, run_one, 32))
         for g in (False, True)
@@ -416,7 +416,7 @@ def main() -> None:
         backends[label + (" (default)" if key == default_key else "")] = open_model(model_id, EMBEDDINGS, settings)
     first = next(iter(backends.values()))
     tokens = [first.tokenize(t) for t in texts(args.texts)]  # type: ignore[attr-defined]  # one WordPiece vocabulary
-    embed_config = BatcherConfig(**BATCHING[EMBEDDINGS])  # type: ignore[arg-type]
+    embed_config = OneShotQueueConfig(**BATCHING[EMBEDDINGS])  # type: ignore[arg-type]
     print(
         f"# one-shot bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start (max {args.max_load}"
         f"{', BUSY ALLOWED' if args.allow_busy else ''}), threads={args.threads or 'all'}, device={args.device}, "
@@ -442,7 +442,7 @@ def main() -> None:
         whisper = open_model("whisper-tiny.en", TRANSCRIPTION, settings)
         with tempfile.TemporaryDirectory() as tmp:
             clips = speech_clips(args.clips, Path(tmp))
-        asr_config = BatcherConfig(**BATCHING[TRANSCRIPTION])  # type: ignore[arg-type]
+        asr_config = OneShotQueueConfig(**BATCHING[TRANSCRIPTION])  # type: ignore[arg-type]
         label = f"faster-whisper tiny.en ({whisper.info().device})"
         asr_rows = throughput_rows(
             bench, label, whisper, clips, transcribe_one(whisper), asr_config, clients, args.rounds

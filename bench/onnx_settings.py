@@ -1,5 +1,5 @@
 """ONNX Runtime embeddings: graph variants and session settings, A/B on the
-shapes the micro-batcher hands the backend.
+shapes the one-shot queue hands the backend.
 
 Each configuration runs in its own process (a session's spinning threads
 would otherwise steal the next session's cores), in alternating order round

@@ -74,7 +74,7 @@ def _grammar(old: bool) -> str:
 
 def run_case(backend_name: str, folder: str, streams: int, constrained: bool, old: bool) -> dict[str, float]:
     """Decode `TOKENS` tokens in each of `streams` sequences; tokens/s of the decode steps."""
-    from localserve.engine.types import SamplingParams, SeqChunk, StepBatch
+    from localserve.engine.types import SamplingParams, SeqChunk, StepPlan
 
     backend = _open(backend_name, folder, streams)
     try:
@@ -87,7 +87,7 @@ def run_case(backend_name: str, folder: str, streams: int, constrained: bool, ol
         eog = backend.tokenizer().eog_token_ids
         backend.clear_slots(list(range(streams)))
         first = backend.execute(
-            StepBatch(0, (), tuple(SeqChunk(i, i, prompt, 0, True, params) for i in range(streams)))
+            StepPlan(0, (), tuple(SeqChunk(i, i, prompt, 0, True, params) for i in range(streams)))
         )
         last = {i: first.sampled[i].token_id for i in range(streams)}
         pos = {i: len(prompt) for i in range(streams)}
@@ -98,7 +98,7 @@ def run_case(backend_name: str, folder: str, streams: int, constrained: bool, ol
             chunks = tuple(SeqChunk(i, i, (last[i],), pos[i], True, params) for i in range(streams) if i not in done)
             if not chunks:
                 break
-            result = backend.execute(StepBatch(step, (), chunks))
+            result = backend.execute(StepPlan(step, (), chunks))
             for chunk in chunks:
                 token = result.sampled[chunk.seq_id].token_id
                 pos[chunk.seq_id] += 1

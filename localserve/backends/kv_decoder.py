@@ -44,7 +44,7 @@ from localserve.engine.types import (
     SampledToken,
     SamplingParams,
     SeqChunk,
-    StepBatch,
+    StepPlan,
     StepResult,
 )
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
@@ -200,7 +200,7 @@ class KvDecoderBackend(GenerativeBackend):
     def _matcher(self, grammar: str) -> GrammarMatcher:
         return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar)
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         self.release(batch.released_seq_ids)
         self._apply_kv_ops(batch.kv_ops)
         failed: dict[int, str] = {}

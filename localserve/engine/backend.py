@@ -8,7 +8,7 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
+from localserve.engine.types import Capacity, SamplingParams, StepPlan, StepResult
 from localserve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class GenerativeBackend(ABC):
         """Compute the next steps on `threads` (1..the count at load)."""
 
     @abstractmethod
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         """Apply `batch.kv_ops`, run one forward pass over every chunk, sample
         one token for each chunk with `sample=True`, and drop the sampler
         state of `batch.released_seq_ids`."""
@@ -149,14 +149,14 @@ class GenerativeBackend(ABC):
 
 class OneShotBackend(ABC, Generic[ItemT, OutputT]):
     """A model that answers each item in one call: embeddings, speech
-    recognition, reranking. Driven by `engine.batcher.Batcher`.
+    recognition, reranking. Driven by `engine.oneshot_queue.OneShotQueue`.
 
-    Only the batcher's thread calls `run`, so implementations need no locks.
+    Only the queue's thread calls `run`, so implementations need no locks.
     `item_size` and `group_key` may be called from any thread.
     """
 
     #: True when `run` packs items without padding (llama.cpp's ragged batch):
-    #: then the batcher never splits a dispatch into length groups.
+    #: then the queue never splits a dispatch into length groups.
     padding_free: bool = False
 
     @abstractmethod
@@ -180,7 +180,7 @@ class OneShotBackend(ABC, Generic[ItemT, OutputT]):
 
     def set_cpu_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
         """Compute the next runs on `threads` (1..the count at load); the
-        batcher's thread calls it between runs."""
+        queue's thread calls it between runs."""
 
     @abstractmethod
     def info(self) -> BackendInfo: ...

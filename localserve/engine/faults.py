@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from localserve.engine.backend import BackendInfo, GenerativeBackend, Tokenizer
-from localserve.engine.types import Capacity, SamplingParams, StepBatch, StepResult
+from localserve.engine.types import Capacity, SamplingParams, StepPlan, StepResult
 
 #: The number of steps that means "every step, until `clear()`".
 EVERY_STEP = 1 << 62
@@ -55,7 +55,7 @@ class WrappedBackend(GenerativeBackend):
     def set_cpu_threads(self, threads: int) -> None:
         self.inner.set_cpu_threads(threads)
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         return self.inner.execute(batch)
 
     def release(self, seq_ids: Collection[int]) -> None:
@@ -104,7 +104,7 @@ class FaultInjectingBackend(WrappedBackend):
         with self._lock:
             self._num_good = self._num_failing = 0
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         with self._lock:
             fail = self._num_failing > 0 and self._num_good == 0
             if fail:

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 
 from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from localserve.engine.sequence import Sequence, Slot, common_prefix_len
-from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepBatch, StepResult
+from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepPlan, StepResult
 
 
-class StepPlan:
+class StepDraft:
     """The step being built: token budget left, KV cells in use, KV edits and
     the tokens scheduled per sequence."""
 
@@ -118,7 +118,7 @@ class SlotTable:
                 return best
         return min(free, key=lambda s: (bool(s.token_ids), s.slot_id))
 
-    def reuse_prefix(self, seq: Sequence, slot: Slot, running: Iterable[Sequence], plan: StepPlan) -> int:
+    def reuse_prefix(self, seq: Sequence, slot: Slot, running: Iterable[Sequence], plan: StepDraft) -> int:
         """Trim `slot` to the prefix it shares with `seq`, or copy a longer one
         from the slot of a `running` sequence. Returns the number of tokens
         reused. At least one token is always left to compute, to get logits to
@@ -143,7 +143,7 @@ class SlotTable:
         plan.kv_used += len(slot.token_ids)
         return len(slot.token_ids)
 
-    def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes | memoryview, plan: StepPlan) -> None:
+    def restore(self, slot: Slot, token_ids: list[int], key: str, payload: bytes | memoryview, plan: StepDraft) -> None:
         """Load a saved sequence from the disk tier into `slot`, keeping its
         first `len(token_ids)` cells (the prefix the new prompt shares)."""
         self.save(slot, 0, plan)
@@ -151,7 +151,7 @@ class SlotTable:
         plan.kv_ops.append(KvOp(KvOpKind.RESTORE, slot.slot_id, len(token_ids), key=key, payload=payload))
         slot.token_ids = list(token_ids)
 
-    def save(self, slot: Slot, num_kept: int, plan: StepPlan) -> None:
+    def save(self, slot: Slot, num_kept: int, plan: StepDraft) -> None:
         """Before `slot` keeps only its first `num_kept` tokens: if whole blocks
         beyond those would be lost and the disk tier lacks them, save the
         slot's whole sequence (prefix_disk.py: a restore then takes every
@@ -168,12 +168,12 @@ class SlotTable:
         self.disk.expect(key, slot.token_ids)
         plan.kv_ops.append(KvOp(KvOpKind.SAVE, slot.slot_id, num_tokens, key=key))
 
-    def save_all(self, plan: StepPlan) -> None:
+    def save_all(self, plan: StepDraft) -> None:
         """Save every slot's whole blocks the disk tier lacks (at unload and shutdown)."""
         for slot in self.slots:
             self.save(slot, 0, plan)
 
-    def evict_cached(self, plan: StepPlan, keep: Slot | None = None) -> bool:
+    def evict_cached(self, plan: StepDraft, keep: Slot | None = None) -> bool:
         """Drop the least recently used cached prefix (of a free slot other than
         `keep`). False if there is none."""
         cached = [s for s in self.slots if s.owner is None and s.token_ids and s is not keep]
@@ -182,7 +182,7 @@ class SlotTable:
         self.clear(min(cached, key=lambda s: s.last_used), plan)
         return True
 
-    def clear(self, slot: Slot, plan: StepPlan) -> None:
+    def clear(self, slot: Slot, plan: StepDraft) -> None:
         """Forget everything `slot` holds (its whole blocks go to the disk tier first)."""
         self.save(slot, 0, plan)
         plan.kv_used -= len(slot.token_ids)
@@ -206,7 +206,7 @@ class DiskRestores:
         self._s_per_token: float | None = None  # measured; None: restoring is taken to pay
 
     def restore(
-        self, seq: Sequence, slot: Slot, num_reused: int, plan: StepPlan, compute_s_per_token: Callable[[], float]
+        self, seq: Sequence, slot: Slot, num_reused: int, plan: StepDraft, compute_s_per_token: Callable[[], float]
     ) -> int:
         """Restore the longest saved prefix of `seq` from the disk tier into
         `slot` when it holds a block more than the slots gave and restoring
@@ -238,7 +238,7 @@ class DiskRestores:
         per_token = compute_s_per_token()
         return self._s_per_token * num_tokens < per_token * num_tokens or per_token <= 0.0
 
-    def observe(self, batch: StepBatch, result: StepResult) -> None:
+    def observe(self, batch: StepPlan, result: StepResult) -> None:
         """Learn what a restored token costs; a restore the backend refused
         leaves its slot empty, and its file is not tried again."""
         disk = self._slots.disk

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from localserve.engine.batch_policy import BatchPolicy, StepGate, reserved_slots
 from localserve.engine.counters import SchedulerCounters
-from localserve.engine.kv_slots import DiskRestores, SlotTable, StepPlan
+from localserve.engine.kv_slots import DiskRestores, SlotTable, StepDraft
 from localserve.engine.output_processor import OutputProcessor, ProcessedOutput, SeqOutput, token_event
 from localserve.engine.prefix_disk import DiskPrefixStore
 from localserve.engine.sequence import SeqStatus, Sequence, SequenceTable, Slot
@@ -28,7 +28,7 @@ from localserve.engine.types import (
     FinishReason,
     GenerateRequest,
     SchedulerConfig,
-    StepBatch,
+    StepPlan,
     StepResult,
     TokenEvent,
 )
@@ -126,9 +126,9 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------
 
-    def schedule(self) -> StepBatch:
+    def schedule(self) -> StepPlan:
         """Choose the next step's KV edits and token chunks."""
-        plan = StepPlan(self.capacity.max_num_batched_tokens, self.kv_used())
+        plan = StepDraft(self.capacity.max_num_batched_tokens, self.kv_used())
         others = [s for s in itertools.chain(self._seqs.running, self._seqs.waiting) if not self._is_batch(s)]
         alone = self.policy.update_mode(bool(others), self._now)
         # Batch work that aging has put ahead of every other request is not limited.
@@ -161,14 +161,14 @@ class Scheduler:
         self._drafts.add_drafts(plan, lambda: self.policy.model.coefficients, self._limited)
         self._record_policy_step(plan)
         released = self._seqs.all_seen()
-        return StepBatch(
+        return StepPlan(
             step_id=next(self._step_ids),
             kv_ops=tuple(plan.kv_ops),
             chunks=plan.chunks(),
             released_seq_ids=released,
         )
 
-    def update(self, batch: StepBatch, result: StepResult) -> list[TokenEvent]:
+    def update(self, batch: StepPlan, result: StepResult) -> list[TokenEvent]:
         """Everything a step that ran changes, in order: the KV state
         (computed tokens, accepted drafts, the disk tier's restores), the
         output processor's verdict on what each sequence sampled (text and
@@ -185,7 +185,7 @@ class Scheduler:
             self.policy.observe_step(batch.num_tokens, len(batch.chunks), result.seconds)
         return events
 
-    def _apply(self, batch: StepBatch, result: StepResult) -> list[SeqOutput]:
+    def _apply(self, batch: StepPlan, result: StepResult) -> list[SeqOutput]:
         """Apply a step's results to the KV state: advance computed tokens.
         Returns what each sequence sampled, or its error, for the output
         processor."""
@@ -228,7 +228,7 @@ class Scheduler:
             events.append(output.event)
         return events
 
-    def fail(self, batch: StepBatch, message: str) -> list[TokenEvent]:
+    def fail(self, batch: StepPlan, message: str) -> list[TokenEvent]:
         """The step raised: end its sequences with an error, forget the KV of
         every slot it touched. Returns their final events; the engine must
         clear `touched_slots(batch)` in the backend."""
@@ -243,12 +243,12 @@ class Scheduler:
         return events
 
     @staticmethod
-    def touched_slots(batch: StepBatch) -> set[int]:
+    def touched_slots(batch: StepPlan) -> set[int]:
         return {c.slot for c in batch.chunks} | {op.slot for op in batch.kv_ops}
 
     # ---- internals -----------------------------------------------------------
 
-    def _schedule_running(self, seq: Sequence, plan: StepPlan) -> None:
+    def _schedule_running(self, seq: Sequence, plan: StepDraft) -> None:
         num_new = min(seq.num_tokens - seq.num_computed_tokens, plan.budget)
         if num_new <= 0:
             return
@@ -270,7 +270,9 @@ class Scheduler:
             return True
         return self._num_batch_running() < self._max_batch_seqs
 
-    def _schedule_prompt_work(self, prompt_work: list[Sequence], plan: StepPlan, gate: StepGate, num_kept: int) -> bool:
+    def _schedule_prompt_work(
+        self, prompt_work: list[Sequence], plan: StepDraft, gate: StepGate, num_kept: int
+    ) -> bool:
         """Prompt chunks of running sequences and admissions of waiting ones,
         earliest deadline first. Limited batch work takes what `gate` leaves
         beside the `num_kept` batch decodes still to come, and stays out of a
@@ -300,7 +302,7 @@ class Scheduler:
             others_prompting = others_prompting or (not self._is_batch(seq) and seq in plan.scheduled)
         return others_prompting
 
-    def _schedule_batch_decodes(self, batch_decodes: list[Sequence], plan: StepPlan, num_seqs: int) -> None:
+    def _schedule_batch_decodes(self, batch_decodes: list[Sequence], plan: StepDraft, num_seqs: int) -> None:
         """The first `num_seqs` limited batch decodes, earliest deadline first."""
         for seq in batch_decodes:
             if num_seqs <= 0:
@@ -309,7 +311,7 @@ class Scheduler:
                 self._schedule_running(seq, plan)
                 num_seqs -= seq in plan.scheduled
 
-    def _record_policy_step(self, plan: StepPlan) -> None:
+    def _record_policy_step(self, plan: StepDraft) -> None:
         num_batch = sum(1 for s in itertools.chain(self._seqs.running, self._seqs.waiting) if self._is_batch(s))
         in_step = sum(1 for s in plan.scheduled if self._is_batch(s))
         lent = max(0, self._num_batch_running() - self._max_batch_seqs)
@@ -318,7 +320,7 @@ class Scheduler:
     def _num_batch_running(self) -> int:
         return sum(1 for s in self._seqs.running if self._is_batch(s))
 
-    def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
+    def _admit(self, seq: Sequence, plan: StepDraft) -> bool:
         """Give a waiting sequence a slot and its first chunk. False: stop admitting."""
         slot = self._slots.pick(seq)
         if slot is None:
@@ -350,14 +352,14 @@ class Scheduler:
         plan.add(seq, num_new)
         return True
 
-    def save_ops(self) -> StepBatch:
+    def save_ops(self) -> StepPlan:
         """A step of only `save` edits: every slot's whole blocks the disk tier
         lacks (the worker runs it at unload and shutdown)."""
-        plan = StepPlan(0, self.kv_used())
+        plan = StepDraft(0, self.kv_used())
         self._slots.save_all(plan)
-        return StepBatch(step_id=next(self._step_ids), kv_ops=tuple(plan.kv_ops), chunks=())
+        return StepPlan(step_id=next(self._step_ids), kv_ops=tuple(plan.kv_ops), chunks=())
 
-    def _make_kv_room(self, num_new: int, plan: StepPlan, protect: Sequence | None, keep: Slot | None = None) -> bool:
+    def _make_kv_room(self, num_new: int, plan: StepDraft, protect: Sequence | None, keep: Slot | None = None) -> bool:
         """Evict cached prefixes of free slots, then preempt running sequences
         with later deadlines than `protect`, until `num_new` tokens fit."""
         while plan.kv_used + num_new > self.capacity.kv_tokens:
@@ -387,7 +389,7 @@ class Scheduler:
         margin = self.config.preempt_margin * self.config.aging_s
         return victim if waiting.deadline < victim.deadline - margin else None
 
-    def _preempt(self, seq: Sequence, plan: StepPlan, *, keep_cache: bool) -> None:
+    def _preempt(self, seq: Sequence, plan: StepDraft, *, keep_cache: bool) -> None:
         slot = self._slots[seq.slot]
         plan.remove(seq)
         SlotTable.free(slot, self._now)

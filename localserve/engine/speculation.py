@@ -52,7 +52,7 @@ import numpy as np
 from localserve.engine.types import Capacity, SchedulerConfig, SeqChunk, StepResult
 
 if TYPE_CHECKING:  # sequence.py holds a SpecState per sequence
-    from localserve.engine.kv_slots import StepPlan
+    from localserve.engine.kv_slots import StepDraft
     from localserve.engine.sequence import Sequence
 
 NGRAM_SIZES = (4, 3, 2)  # longest first: a longer match predicts better
@@ -209,7 +209,7 @@ class DraftPlanner:
 
     def add_drafts(
         self,
-        plan: StepPlan,
+        plan: StepDraft,
         coefficients: Callable[[], tuple[float, float, float]],
         limited: Callable[[Sequence], bool],
     ) -> None:

@@ -28,7 +28,7 @@ single step:
 `ThreadChooser` is pure logic over an injected clock and CPU reading, so
 tests drive it with scripted ones; `StepWorker` calls `observe` after each
 step and hands a changed count to `GenerativeBackend.set_cpu_threads`. The
-one-shot batcher (`engine/batcher.py`) follows the reading alone
+one-shot queue (`engine/oneshot_queue.py`) follows the reading alone
 (`follow_reading`) before each run: its runs differ too much in size for
 their times to judge a switch.
 """
@@ -171,7 +171,7 @@ class ThreadChooser:
     def follow_reading(self) -> int:
         """The count the CPU reading alone suggests, read at most once a
         window: for work whose runs vary too much in size to judge a switch
-        by their times (the one-shot micro-batcher)."""
+        by their times (the one-shot one-shot queue)."""
         now = self._clock()
         if now - self._window_start >= TICK_S:
             self._window_start = now

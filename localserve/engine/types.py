@@ -206,7 +206,7 @@ class KvOp:
 
 
 @dataclass(frozen=True, slots=True)
-class StepBatch:
+class StepPlan:
     """Everything one step computes: KV edits, then one forward pass."""
 
     step_id: int

@@ -23,7 +23,7 @@ from localserve.engine.scheduler import Scheduler, SchedulerConfig
 from localserve.engine.sequence import SeqStatus
 from localserve.engine.stats import ModelStats, SchedulerSnapshot, StepPublisher
 from localserve.engine.threads import ThreadChooser, ThreadState, shared_cpu_use
-from localserve.engine.types import FinishReason, GenerateRequest, StepBatch, StepResult, TokenEvent
+from localserve.engine.types import FinishReason, GenerateRequest, StepPlan, StepResult, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class StepWorker:
         result = self._execute(plan)
         self._after_step(plan, result, self.scheduler.update(plan, result))
 
-    def _execute(self, plan: StepBatch) -> StepResult:
+    def _execute(self, plan: StepPlan) -> StepResult:
         """The backend's forward pass over `plan`, timed. A failure is a
         result too (`error`): the backend's KV of the slots the step touched
         is cleared, and `update` ends the step's sequences."""
@@ -241,7 +241,7 @@ class StepWorker:
             return StepResult({}, error=f"the backend failed in this step: {exc}", seconds=time.monotonic() - started)
         return dataclasses.replace(result, seconds=time.monotonic() - started)
 
-    def _after_step(self, plan: StepBatch, result: StepResult, events: list[TokenEvent]) -> None:
+    def _after_step(self, plan: StepPlan, result: StepResult, events: list[TokenEvent]) -> None:
         """Figures, the next step's threads, and the events out."""
         if plan.empty:
             self.publisher.queue()

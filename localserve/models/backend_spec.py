@@ -38,7 +38,7 @@ class Opened:
 
     backend: Any  # GenerativeBackend or OneShotBackend
     report: Any = None  # a generative model's LoadReport (effective options), if the backend made one
-    batching: Any = None  # a one-shot model's BatcherConfig, if not its kind's default
+    batching: Any = None  # a one-shot model's OneShotQueueConfig, if not its kind's default
     source: Path | None = None  # what was loaded, if not the path itself (a converted copy)
 
 

@@ -13,8 +13,8 @@ class ModelKind(StrEnum):
     `--max-loaded-models` limit it counts against."""
 
     CHAT = "chat"  # generative: chat, completions, infill; runs in the engine's step thread
-    EMBEDDINGS = "embeddings"  # one-shot, through a micro-batcher
-    TRANSCRIPTION = "transcription"  # speech recognition, one-shot, through a micro-batcher
+    EMBEDDINGS = "embeddings"  # one-shot, through a one-shot queue
+    TRANSCRIPTION = "transcription"  # speech recognition, one-shot, through a one-shot queue
     # A sequence classifier (`...ForSequenceClassification`), one-shot: with one
     # label a cross-encoder (`rerank`: scores a query and a document read together),
     # with more a text classifier (`classify`). The same graph and backend serve both.
@@ -22,7 +22,7 @@ class ModelKind(StrEnum):
     CLASSIFY = "classify"
 
 
-#: The kinds that run in batches through a micro-batcher, not in the engine.
+#: The kinds that run in batches through a one-shot queue, not in the engine.
 ONESHOT_KINDS = (ModelKind.EMBEDDINGS, ModelKind.TRANSCRIPTION, ModelKind.RERANK, ModelKind.CLASSIFY)
 
 #: One kind, or any of several (rerank takes an embeddings model or a cross-encoder).

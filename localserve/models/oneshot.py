@@ -1,5 +1,5 @@
 """One-shot models (embeddings, speech recognition): what a path holds, and
-how to open its backend and batcher. The built-in backends
+how to open its backend and queue. The built-in backends
 (models/builtin_backends.py) call `open_oneshot` off the event loop."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import OneShotBackend
-from localserve.engine.batcher import BatcherConfig
+from localserve.engine.oneshot_queue import OneShotQueueConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture
 from localserve.models.kinds import ModelKind, kind_of
 
 #: Batching defaults per kind: many short texts; a few 30 s audio windows.
 #: No `max_wait_ms`: an idle model answers at once, and what arrives while it
-#: is busy leaves together in its next dispatch (engine/batcher.py).
+#: is busy leaves together in its next dispatch (engine/oneshot_queue.py).
 BATCHING = {
     ModelKind.EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
     ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
@@ -67,13 +67,13 @@ def detect_labels(path: Path) -> tuple[str, ...]:
 @dataclass(frozen=True, slots=True)
 class OneShotOpened:
     backend: OneShotBackend  # type: ignore[type-arg]
-    batching: BatcherConfig
+    batching: OneShotQueueConfig
     source: Path  # what was loaded (the converted graph or GGUF for a sentence-transformers folder)
 
 
 def open_oneshot(kind: ModelKind, model_id: str, path: Path, settings: ServerSettings) -> OneShotOpened:
     """Open a one-shot backend (blocking: converts on first use, loads weights)."""
-    batching = BatcherConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
+    batching = OneShotQueueConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
     if kind == ModelKind.EMBEDDINGS:  # ONNX Runtime, llama.cpp or OpenVINO (see oneshot_embeddings.py)
         from localserve.models.oneshot_embeddings import open_embeddings
 

@@ -6,8 +6,8 @@ in sight.
     models       how a call reaches its models (`ModelHost`, `LocalModels`)
     chat         conversations through the chat template, tools, JSON formats
     completions  plain prompts, fill-in-the-middle, Ollama-style text prompts
-    embeddings   vectors through the model's micro-batcher
-    transcription  audio to a `Transcript` through the model's micro-batcher
+    embeddings   vectors through the model's one-shot queue
+    transcription  audio to a `Transcript` through the model's one-shot queue
     answer       an answer in flight: typed deltas (streaming) or whole results
     prompts, tools, tools_parse, sampling, fim, generation: the parts
     validation   checks every body gets (Unicode text, pydantic's errors as a 400)

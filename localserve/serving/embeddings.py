@@ -1,5 +1,5 @@
 """Embeddings: texts or token lists in, one vector each out, batched across
-callers by the model's micro-batcher."""
+callers by the model's one-shot queue."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ _EMBEDDERS: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary(
 @runtime_checkable
 class Embedder(Protocol):
     """What embeddings need of a backend (llama.cpp, ONNX Runtime, OpenVINO),
-    besides `OneShotBackend.run` on the batcher's thread. `tokenize` and
+    besides `OneShotBackend.run` on the queue's thread. `tokenize` and
     `check` may be called from any thread (here: a worker thread)."""
 
     n_embd: int
@@ -37,7 +37,7 @@ class Embedder(Protocol):
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
     def check(self, token_ids: Sequence[int], param: str) -> tuple[int, ...]:
-        """`token_ids` as the batcher's item; 400 naming `param` for an input
+        """`token_ids` as the queue's item; 400 naming `param` for an input
         the model cannot embed (too long, a token id out of range)."""
         ...
 
@@ -72,7 +72,7 @@ class Embeddings:
 
 
 async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
-    """Tokenize (off the event loop), check, and run on the model's batcher."""
+    """Tokenize (off the event loop), check, and run on the model's queue."""
     model = await hold_oneshot_model(host, request.model, ModelKind.EMBEDDINGS)
     backend = model.backend
     if not _is_embedder(backend):  # a backend registered for embeddings without the interface
@@ -84,7 +84,7 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
         items = _token_lists(backend, request.inputs, request.param, limit)
     else:
         items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param, limit)
-    vectors = await model.batcher.submit(items, priority=request.priority)
+    vectors = await model.queue.submit(items, priority=request.priority)
     if resize is not None:
         vectors = [resize(vector) for vector in vectors]
     return Embeddings(model.spec.model_id, list(vectors), sum(len(item) for item in items))

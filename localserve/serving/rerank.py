@@ -1,14 +1,14 @@
 """Rerank, score and classify: pairs of texts (a query and a document) or
 single texts in, one score or one set of class probabilities each out,
-batched across callers by the model's micro-batcher.
+batched across callers by the model's one-shot queue.
 
 Two kinds of model score a pair:
 
 * a **cross-encoder** (a `rerank` model: a sequence classifier with one
-  label) reads the two texts together, as one item of its batcher, and its
+  label) reads the two texts together, as one item of its queue, and its
   score is the sigmoid of its logit;
 * a **bi-encoder** (any `embeddings` model) embeds each distinct text once,
-  each text an item of its batcher, and the score is the cosine of the two
+  each text an item of its queue, and the score is the cosine of the two
   vectors: rerank with the default install, no cross-encoder needed.
 
 A `classify` model (a sequence classifier with several labels) or a
@@ -48,7 +48,7 @@ class SequenceClassifier(Protocol):
     max_input_tokens: int
 
     def encode(self, text: str, pair: str | None, *, truncate: bool, param: str) -> tuple[Any, bool]:
-        """The batcher's item for `text` (and `pair`, read after it), and
+        """The queue's item for `text` (and `pair`, read after it), and
         whether it was cut to `max_input_tokens` (the pair's side only); 400
         naming `param` for what cannot be scored (too long without `truncate`)."""
         ...
@@ -121,7 +121,7 @@ async def score_pairs(host: ModelHost, request: PairsRequest) -> PairScores:
         )
     pairs = [(request.first(i), request.seconds[i], _param(request, i)) for i in range(request.num_pairs)]
     items, cut = await _off_loop(_encode_all, classifier, pairs, request.truncate, _size(request))
-    logits = await model.batcher.submit(items, priority=request.priority)
+    logits = await model.queue.submit(items, priority=request.priority)
     scores = [float(_sigmoid(np.asarray(row, np.float64))[0]) for row in logits]
     return PairScores(model.spec.model_id, CROSS_ENCODER, scores, cut, sum(model.backend.item_size(x) for x in items))
 
@@ -135,7 +135,7 @@ async def classify(host: ModelHost, request: ClassifyRequest) -> Classes:
         for i, text in enumerate(request.inputs)
     ]
     items, cut = await _off_loop(_encode_all, classifier, texts, request.truncate, sum(map(len, request.inputs)))
-    logits = await model.batcher.submit(items, priority=request.priority)
+    logits = await model.queue.submit(items, priority=request.priority)
     probs = [_probabilities(np.asarray(row, np.float64)) for row in logits]
     num_tokens = sum(model.backend.item_size(x) for x in items)
     return Classes(model.spec.model_id, classifier.labels, probs, cut, num_tokens)
@@ -182,7 +182,7 @@ def _probabilities(logits: np.ndarray) -> np.ndarray:
 
 
 async def _cosine_scores(model: LoadedOneShot, request: PairsRequest) -> PairScores:
-    """Embed every distinct text once (each an item of the batcher), then
+    """Embed every distinct text once (each an item of the queue), then
     the cosine of each pair's two vectors."""
     backend = model.backend
     if not isinstance(backend, Embedder):
@@ -194,7 +194,7 @@ async def _cosine_scores(model: LoadedOneShot, request: PairsRequest) -> PairSco
         )
         texts.setdefault(request.seconds[i], _param(request, i))
     items, cut_texts = await _off_loop(_embedding_items, backend, list(texts.items()), request.truncate, _size(request))
-    vectors = await model.batcher.submit(items, priority=request.priority)
+    vectors = await model.queue.submit(items, priority=request.priority)
     index = {text: n for n, text in enumerate(texts)}
     unit = [np.asarray(v, np.float64) / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     scores = [float(unit[index[request.first(i)]] @ unit[index[request.seconds[i]]]) for i in range(request.num_pairs)]

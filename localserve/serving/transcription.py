@@ -1,7 +1,7 @@
 """Transcription and translation: audio bytes in, a `Transcript` out.
 
 The audio is decoded and cut at pauses into windows of at most 30 s (off the
-event loop), and the windows go to the model's micro-batcher, which runs
+event loop), and the windows go to the model's one-shot queue, which runs
 them together with the windows of every other request. Rendering the answer
 (json, text, srt, vtt, verbose_json) is the caller's: the OpenAI adapter is
 `api/openai/audio.py`.
@@ -98,7 +98,7 @@ def check(request: TranscriptionRequest) -> None:
 async def transcribe(host: ModelHost, request: TranscriptionRequest, *, max_audio_seconds: float) -> Transcript:
     """Check the request, hold the model, decode and cut the audio (off the
     event loop; 400 for a file that is not audio or is longer than
-    `max_audio_seconds`), and run its windows on the model's batcher.
+    `max_audio_seconds`), and run its windows on the model's queue.
     Raises `QueueFullError` (503) when too many requests wait."""
     check(request)
     model = await hold_oneshot_model(host, request.model, ModelKind.TRANSCRIPTION)
@@ -107,5 +107,5 @@ async def transcribe(host: ModelHost, request: TranscriptionRequest, *, max_audi
         raise BackendError(f"model {request.model!r}: its backend does not implement speech recognition")
     audio = await asyncio.to_thread(decode_audio, request.audio, max_seconds=max_audio_seconds)
     plan = await asyncio.to_thread(backend.plan, audio, request.options())
-    results = await model.batcher.submit(plan.windows, priority=request.priority) if plan.windows else []
+    results = await model.queue.submit(plan.windows, priority=request.priority) if plan.windows else []
     return backend.assemble(plan, results, request.task)

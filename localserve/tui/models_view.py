@@ -108,7 +108,7 @@ class ModelView:
 
 @dataclass(frozen=True, slots=True)
 class OneShotView:
-    """An embeddings or speech model behind its micro-batcher."""
+    """An embeddings or speech model behind its one-shot queue."""
 
     model_id: str
     kind: str = ""

@@ -150,10 +150,10 @@ def test_long_audio_is_windowed_and_batched(
 ) -> None:
     long = with_silence(wav, tmp_path / "long.wav", before_s=1.0, repeat=14, gap_s=1.0)
     data = encode(long, "ogg")  # ~75 s: under the byte limit as Opus
-    before = server.call(lambda: server.registry.oneshot_stats())[MODEL].batcher.items
+    before = server.call(lambda: server.registry.oneshot_stats())[MODEL].queue.items
     body = post(http, data, name="long.ogg", response_format="verbose_json").json()
     assert body["duration"] > 60 and body["text"].lower().count("weather") >= 11
-    after = server.call(lambda: server.registry.oneshot_stats())[MODEL].batcher.items
+    after = server.call(lambda: server.registry.oneshot_stats())[MODEL].queue.items
     assert after - before >= 3  # windows of at most 30 s
 
 
@@ -164,16 +164,16 @@ async def test_eight_concurrent_transcriptions_are_batched_and_correct(server: S
     aclient = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     data = wav.read_bytes()
     stats = server.call(lambda: server.registry.oneshot_stats())[MODEL]
-    items_before, batches_before = stats.batcher.items, stats.batcher.batches
+    items_before, batches_before = stats.queue.items, stats.queue.batches
     results = await asyncio.gather(
         *(aclient.audio.transcriptions.create(model=MODEL, file=(f"s{i}.wav", io.BytesIO(data))) for i in range(8))
     )
     for result in results:
         assert word_error_rate(SENTENCE, result.text) < 0.35, result.text
     stats = server.call(lambda: server.registry.oneshot_stats())[MODEL]
-    num_items, num_batches = stats.batcher.items - items_before, stats.batcher.batches - batches_before
+    num_items, num_batches = stats.queue.items - items_before, stats.queue.batches - batches_before
     assert num_items == 8 and num_batches < 8  # some backend runs held more than one request's window
-    assert stats.batcher.max_batch_size_seen > 1 and stats.batcher.errors == 0
+    assert stats.queue.max_batch_size_seen > 1 and stats.queue.errors == 0
 
 
 # ---- limits and errors ------------------------------------------------------------------------

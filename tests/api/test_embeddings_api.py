@@ -136,7 +136,7 @@ async def test_concurrent_requests_share_batches(server: ServerThread) -> None:
     results = await asyncio.gather(*(aclient.embeddings.create(model=MODEL, input=t) for t in texts))
     assert all(len(r.data) == 1 for r in results)
     stats = server.call(lambda: server.registry.oneshot_stats())[MODEL]
-    assert stats.kind == "embeddings" and stats.batcher.max_batch_size_seen > 1 and stats.batcher.errors == 0
+    assert stats.kind == "embeddings" and stats.queue.max_batch_size_seen > 1 and stats.queue.errors == 0
     snapshot = httpx.get(f"{server.base_url}/api/v1/stats", timeout=30).json()
     assert snapshot["one_shot"][MODEL]["max_batch_size_seen"] > 1
 
@@ -221,7 +221,7 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
         texts = sentences(12)
         from_onnx = vectors(onnx_client.embeddings.create(model="minilm-onnx", input=texts))
         stats = srv.call(lambda: srv.registry.oneshot_stats())["minilm-onnx"]
-        assert stats.batcher.padding_free is False and stats.batcher.items == 12
+        assert stats.queue.padding_free is False and stats.queue.items == 12
     finally:
         srv.stop()
     from_catalog_id = vectors(client.embeddings.create(model=MODEL, input=texts))

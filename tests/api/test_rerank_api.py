@@ -118,7 +118,7 @@ async def test_a_request_s_scores_do_not_depend_on_its_batchmates(server: Server
         together = await asyncio.gather(scores(DOCUMENTS), *(scores(o) for o in others))
     assert max(abs(together[0][i] - alone[i]) for i in alone) < 1e-5
     stats = server.call(lambda: server.registry.oneshot_stats())[MODEL]
-    assert stats.batcher.errors == 0
+    assert stats.queue.errors == 0
 
 
 def test_score_pairs_as_vllm(http: httpx.Client) -> None:

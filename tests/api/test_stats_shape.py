@@ -1,7 +1,7 @@
 """The shape of what `/api/v1/stats` and `/metrics` serve, pinned: the key
 sets of a generative model (the fake backend of tests/engine, through the
 real step thread), of its requests and batch policy, of a one-shot model's
-batcher, and the metric families. The engine keeps its stats as typed
+queue, and the metric families. The engine keeps its stats as typed
 snapshots and the API writes them out; this test fails if that changes a key.
 No model is loaded."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from localserve.api.state import REGISTRY
 from localserve.engine.backend import BackendInfo, OneShotBackend
-from localserve.engine.batcher import Batcher
+from localserve.engine.oneshot_queue import OneShotQueue
 from localserve.engine.types import GenerateRequest, SamplingParams
 from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER
@@ -186,13 +186,13 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
     app = empty_app()
     registry = app[REGISTRY]
     backend = FakeBackend()
-    batcher: Batcher[str, int] = Batcher("lengths", Lengths())
+    queue: OneShotQueue[str, int] = OneShotQueue("lengths", Lengths())
     spec = ModelSpec("lengths", Path("/models/lengths"), ("embeddings",))
-    model = LoadedOneShot(spec, ModelKind.EMBEDDINGS, batcher.backend, batcher)
+    model = LoadedOneShot(spec, ModelKind.EMBEDDINGS, queue.backend, queue)
     registry.records["lengths"] = ModelRecord(spec, ModelKind.EMBEDDINGS, FOREVER, RecordState.LOADED, model=model)
     async with serve(app) as client:
         registry.engine.add_model("fake", backend)
-        assert await batcher.submit(["ab", "abc"]) == [2, 3]
+        assert await queue.submit(["ab", "abc"]) == [2, 3]
         done = [
             e
             async for e in registry.engine.submit(
@@ -212,7 +212,7 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
         stream.abort()
         backend.resume()
         await registry.engine.remove_model("fake")
-        batcher.close()
+        queue.close()
     (entry,) = body["models"]
     assert set(entry) == MODEL_KEYS, set(entry) ^ MODEL_KEYS
     assert entry["id"] == "fake" and entry["backend"] == "fake" and entry["prefix_disk"] is False

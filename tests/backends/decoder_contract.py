@@ -21,7 +21,7 @@ import pytest
 from localserve.backends.kv_decoder import KvDecoderBackend
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.types import FinishReason, GenerateRequest, KvOp, SamplingParams, SeqChunk, StepBatch, TokenEvent
+from localserve.engine.types import FinishReason, GenerateRequest, KvOp, SamplingParams, SeqChunk, StepPlan, TokenEvent
 from localserve.errors import InvalidRequestError
 from localserve.serving.grammar import grammar_for
 from localserve.serving.types import OutputFormat
@@ -49,7 +49,7 @@ def chunk(seq_id: int, slot: int, tokens: list[int], start: int, sample: bool = 
 
 
 def step(backend: KvDecoderBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = ()) -> dict[int, int]:
-    result = backend.execute(StepBatch(0, kv_ops, tuple(chunks)))
+    result = backend.execute(StepPlan(0, kv_ops, tuple(chunks)))
     assert not result.failed
     return {seq_id: s.token_id for seq_id, s in result.sampled.items()}
 
@@ -124,11 +124,11 @@ def test_padding_does_not_change_a_sequence_logits(decoder: KvDecoderBackend) ->
     for other in ("Hi", "A much longer prompt that forces padding of the past for the first row"):
         decoder.clear_slots([0, 1])
         other_ids = encode(decoder, other)
-        decoder.execute(StepBatch(0, (), (chunk(1, 0, a[:-1], 0, sample=False),)))
-        decoder.execute(StepBatch(0, (), (chunk(2, 1, other_ids, 0, sample=False),)))
+        decoder.execute(StepPlan(0, (), (chunk(1, 0, a[:-1], 0, sample=False),)))
+        decoder.execute(StepPlan(0, (), (chunk(2, 1, other_ids, 0, sample=False),)))
         params = SamplingParams(temperature=0.0, logprobs=5)
         result = decoder.execute(
-            StepBatch(0, (), (chunk(1, 0, a[-1:], len(a) - 1, params=params), chunk(2, 1, [13], len(other_ids))))
+            StepPlan(0, (), (chunk(1, 0, a[-1:], len(a) - 1, params=params), chunk(2, 1, [13], len(other_ids))))
         )
         decoder.release([1, 2])
         seen.append(result.sampled[1].logprob)
@@ -158,7 +158,7 @@ def test_logprobs_are_a_distribution(decoder: KvDecoderBackend) -> None:
     prompt = encode(decoder, "The capital of France is")
     decoder.clear_slots([0])
     result = decoder.execute(
-        StepBatch(0, (), (chunk(9, 0, prompt, 0, params=SamplingParams(temperature=0.0, logprobs=5)),))
+        StepPlan(0, (), (chunk(9, 0, prompt, 0, params=SamplingParams(temperature=0.0, logprobs=5)),))
     )
     decoder.release([9])
     sampled = result.sampled[9]
@@ -187,7 +187,7 @@ def test_grammar_constrains_the_output(decoder: KvDecoderBackend) -> None:
     decoder.validate(params)
     decoder.clear_slots([0, 1])
     result = decoder.execute(
-        StepBatch(0, (), (chunk(1, 0, prompt, 0, params=params), chunk(2, 1, prompt, 0, params=bad)))
+        StepPlan(0, (), (chunk(1, 0, prompt, 0, params=params), chunk(2, 1, prompt, 0, params=bad)))
     )
     assert 2 in result.failed and 1 in result.sampled
     out, pos = [result.sampled[1].token_id], len(prompt)

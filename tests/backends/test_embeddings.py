@@ -21,7 +21,7 @@ import pytest
 
 from localserve.backends.llamacpp.embeddings import LlamaEmbeddingBackend, LlamaEmbeddingConfig
 from localserve.backends.onnx.embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
-from localserve.engine.batcher import Batcher, BatcherConfig
+from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
 from localserve.errors import ContextLengthError, InvalidRequestError
 from localserve.models.convert.cache import cached_gguf, read_sentence_transformers
 from localserve.models.oneshot import detect_labels, gguf_architecture
@@ -219,17 +219,17 @@ def test_a_batch_equals_one_by_one(backend: LlamaEmbeddingBackend) -> None:
         assert cosine(vector, backend.run([item])[0]) > 0.999
 
 
-async def test_the_batcher_packs_concurrent_requests_into_one_forward_pass(backend: LlamaEmbeddingBackend) -> None:
-    batcher = Batcher("minilm", backend, BatcherConfig(max_batch_size=64))
+async def test_the_queue_packs_concurrent_requests_into_one_forward_pass(backend: LlamaEmbeddingBackend) -> None:
+    queue = OneShotQueue("minilm", backend, OneShotQueueConfig(max_batch_size=64))
     texts = sentences(24)
     alone = [backend.run([backend.tokenize(t)])[0] for t in texts]
-    together = await asyncio.gather(*(batcher.submit([backend.tokenize(t)]) for t in texts))
+    together = await asyncio.gather(*(queue.submit([backend.tokenize(t)]) for t in texts))
     for one, many in zip(alone, together, strict=True):
         assert cosine(one, many[0]) > 0.999
-    stats = batcher.stats()
+    stats = queue.stats()
     assert stats.max_batch_size_seen > 1 and stats.padding_ratio == 0.0  # what came during a run went together
     assert stats.backend == "llamacpp"
-    await asyncio.to_thread(batcher.close)
+    await asyncio.to_thread(queue.close)
 
 
 # ---- input checks ----------------------------------------------------------------------------
@@ -309,11 +309,11 @@ async def test_length_grouping_cuts_the_padding_onnx_computes(onnx_backend: Onnx
     texts = sentences(48)
     ratios = {}
     for by_length in (False, True):
-        batcher = Batcher("onnx", onnx_backend, BatcherConfig(max_batch_size=48, group_by_length=by_length))
-        results = await asyncio.gather(*(batcher.submit([onnx_backend.tokenize(t)]) for t in texts))
+        queue = OneShotQueue("onnx", onnx_backend, OneShotQueueConfig(max_batch_size=48, group_by_length=by_length))
+        results = await asyncio.gather(*(queue.submit([onnx_backend.tokenize(t)]) for t in texts))
         assert len(results) == 48
-        ratios[by_length] = batcher.stats().padding_ratio
-        await asyncio.to_thread(batcher.close)
+        ratios[by_length] = queue.stats().padding_ratio
+        await asyncio.to_thread(queue.close)
     assert ratios[True] < 0.3 and ratios[True] < ratios[False] / 2
 
 
@@ -341,9 +341,9 @@ def test_the_default_id_runs_on_onnx_runtime_and_embeds_like_the_gguf_path(
         items = [backend.tokenize(t) for t in TEXTS[:4] + sentences(8)]
         for onnx_vector, gguf_vector in zip(opened.backend.run(items), backend.run(items), strict=True):
             assert cosine(onnx_vector, gguf_vector) > 0.99
-        batcher = Batcher("all-minilm-l6-v2", opened.backend, opened.batching)
-        assert batcher.stats().backend == "onnxruntime"  # what /api/v1/stats shows under one_shot
-        batcher.close(10)
+        queue = OneShotQueue("all-minilm-l6-v2", opened.backend, opened.batching)
+        assert queue.stats().backend == "onnxruntime"  # what /api/v1/stats shows under one_shot
+        queue.close(10)
     finally:
         opened.backend.close()
 
@@ -405,7 +405,7 @@ def test_the_convert_command_shows_progress_and_prints_the_path(
 
 
 def test_the_thread_count_changes_between_runs_with_the_same_vectors(gguf_path: Path) -> None:
-    """The batcher's adaptive threads (engine/threads.py) call
+    """The queue's adaptive threads (engine/threads.py) call
     `set_cpu_threads` between runs: the vectors stay the same."""
     b = LlamaEmbeddingBackend(LlamaEmbeddingConfig(str(gguf_path), n_threads=2))
     try:

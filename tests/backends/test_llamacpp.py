@@ -11,7 +11,7 @@ import pytest
 
 from localserve.backends.chat_template import ChatTemplate
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
-from localserve.engine.types import KvOp, SamplingParams, SeqChunk, StepBatch
+from localserve.engine.types import KvOp, SamplingParams, SeqChunk, StepPlan
 from localserve.errors import DeviceNotFoundError, InvalidRequestError
 from localserve.serving.grammar import grammar_for
 from localserve.serving.types import OutputFormat
@@ -28,7 +28,7 @@ def chunk(
 def step(
     backend: LlamaCppBackend, chunks: list[SeqChunk], kv_ops: tuple[KvOp, ...] = (), step_id: int = 0
 ) -> dict[int, int]:
-    result = backend.execute(StepBatch(step_id, kv_ops, tuple(chunks)))
+    result = backend.execute(StepPlan(step_id, kv_ops, tuple(chunks)))
     assert not result.failed
     return {seq_id: s.token_id for seq_id, s in result.sampled.items()}
 
@@ -122,7 +122,7 @@ def test_sequences_in_one_batch_never_see_each_other(tiny: LlamaCppBackend) -> N
     for other in others:
         tiny.clear_slots([0, 1])
         n = min(len(a), len(other))
-        tiny.execute(StepBatch(0, (), (chunk(1, 0, a[:n], 0), chunk(2, 1, other[:n], 0))))
+        tiny.execute(StepPlan(0, (), (chunk(1, 0, a[:n], 0), chunk(2, 1, other[:n], 0))))
         tiny.release([1, 2])
         pointer = llama_cpp.llama_get_logits_ith(tiny._ctx, n - 1)
         seen.append(
@@ -152,7 +152,7 @@ def test_bad_grammar_fails_only_its_sequence(tiny: LlamaCppBackend) -> None:
     bad = SamplingParams(temperature=0.0, grammar="start: (((")
     with pytest.raises(InvalidRequestError):
         tiny.validate(bad)
-    result = tiny.execute(StepBatch(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=bad))))
+    result = tiny.execute(StepPlan(0, (), (chunk(1, 0, prompt, 0), chunk(2, 1, prompt, 0, params=bad))))
     assert 1 in result.sampled and 2 in result.failed
     tiny.release([1, 2])
 
@@ -209,7 +209,7 @@ def test_smollm2_logprobs_are_a_distribution(smol: LlamaCppBackend) -> None:
     prompt = tok.encode("The capital of France is", add_special=False)
     smol.clear_slots([0])
     params = SamplingParams(temperature=0.0, logprobs=5)
-    result = smol.execute(StepBatch(0, (), (chunk(9, 0, prompt, 0, params=params),)))
+    result = smol.execute(StepPlan(0, (), (chunk(9, 0, prompt, 0, params=params),)))
     smol.release([9])
     sampled = result.sampled[9]
     lp = sampled.logprob
@@ -289,10 +289,10 @@ def test_a_complete_grammar_ends_the_sequence_even_under_ignore_eos(smol: LlamaC
         SamplingParams(temperature=0.0, grammar=grammar, min_tokens=10),
     ):
         smol.clear_slots([0])
-        result = smol.execute(StepBatch(0, (), (chunk(5, 0, prompt, 0, params=params),)))
+        result = smol.execute(StepPlan(0, (), (chunk(5, 0, prompt, 0, params=params),)))
         tokens, pos = [result.sampled[5]], len(prompt)
         while not tokens[-1].ends and len(tokens) < 10:
-            result = smol.execute(StepBatch(0, (), (chunk(5, 0, [tokens[-1].token_id], pos, params=params),)))
+            result = smol.execute(StepPlan(0, (), (chunk(5, 0, [tokens[-1].token_id], pos, params=params),)))
             assert not result.failed, result.failed
             tokens.append(result.sampled[5])
             pos += 1

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Collection
 
 from localserve.engine.backend import BackendInfo, GenerativeBackend, Tokenizer
-from localserve.engine.types import Capacity, StepBatch, StepResult
+from localserve.engine.types import Capacity, StepPlan, StepResult
 from tests.engine.scripted import EOS, VOCAB, NextToken, ScriptedBackend, hashed_next_token, make_capacity, token_bytes
 
 WAIT_S = 10.0  # no test step should ever block this long
@@ -52,7 +52,7 @@ class FakeBackend(GenerativeBackend):
     def __init__(self, capacity: Capacity | None = None, next_token: NextToken = hashed_next_token) -> None:
         self._capacity = capacity or make_capacity()
         self.script = ScriptedBackend(self._capacity, next_token)
-        self.batches: list[StepBatch] = []  # every step executed (failed ones too)
+        self.batches: list[StepPlan] = []  # every step executed (failed ones too)
         self.released_seq_ids: list[int] = []
         self.cleared_slots: list[int] = []
         self.fail_clear_slots = False
@@ -102,7 +102,7 @@ class FakeBackend(GenerativeBackend):
     def info(self) -> BackendInfo:
         return BackendInfo(backend="fake", device="CPU", model_path="fake.gguf")
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         with self._cond:
             self._num_started += 1
             self._cond.notify_all()

@@ -31,7 +31,7 @@ from localserve.engine.types import (
     SampledToken,
     SamplingParams,
     SeqChunk,
-    StepBatch,
+    StepPlan,
     StepResult,
     TokenEvent,
 )
@@ -115,7 +115,7 @@ class ScriptedBackend:
     def kv_used(self) -> int:
         return sum(len(tokens) for tokens in self.slots)
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         self._check_batch(batch)
         self.saved: dict[str, tuple[int, bytes]] = {}
         for op in batch.kv_ops:
@@ -158,7 +158,7 @@ class ScriptedBackend:
             out.append(self.draft_token(tuple(history + out)))
         return out
 
-    def _check_batch(self, batch: StepBatch) -> None:
+    def _check_batch(self, batch: StepPlan) -> None:
         assert batch.num_tokens <= self.capacity.max_num_batched_tokens, f"step of {batch.num_tokens} tokens"
         assert len(batch.chunks) <= self.capacity.max_num_seqs
         assert len({c.slot for c in batch.chunks}) == len(batch.chunks), "two chunks in one slot"
@@ -244,7 +244,7 @@ class Driver:
         self.scheduler = Scheduler(capacity, config=config, clock=self.clock, disk=disk, output=output)
         self.records: dict[str, RequestRecord] = {}
         self.seq_ids: dict[str, int] = {}
-        self.batches: list[StepBatch] = []
+        self.batches: list[StepPlan] = []
         self.scheduled_seq_ids: set[int] = set()  # every sequence a schedule() has seen
 
     def add(self, request_id: str, prompt_token_ids: Iterable[int], *, priority: float = 1.0, **sampling) -> None:  # type: ignore[no-untyped-def]
@@ -262,7 +262,7 @@ class Driver:
         self._check_queue()
         return event
 
-    def step(self) -> StepBatch:
+    def step(self) -> StepPlan:
         self.scheduled_seq_ids.update(s.seq_id for s in self.scheduler.sequences())
         batch = self.scheduler.schedule()
         self._check_queue()
@@ -284,7 +284,7 @@ class Driver:
         for _ in self.steps(max_steps):
             pass
 
-    def steps(self, max_steps: int = 2000) -> Iterator[StepBatch]:
+    def steps(self, max_steps: int = 2000) -> Iterator[StepPlan]:
         """Step until no work is left, yielding each batch."""
         for _ in range(max_steps):
             if not self.scheduler.has_work():
@@ -292,7 +292,7 @@ class Driver:
             yield self.step()
         raise AssertionError(f"requests still unfinished after {max_steps} steps")
 
-    def chunk(self, batch: StepBatch, request_id: str) -> SeqChunk | None:
+    def chunk(self, batch: StepPlan, request_id: str) -> SeqChunk | None:
         seq_id = self.seq_ids[request_id]
         return next((c for c in batch.chunks if c.seq_id == seq_id), None)
 

@@ -13,7 +13,7 @@ import pytest
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
 from localserve.engine.faults import FaultInjectingBackend, WrappedBackend
-from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepBatch, StepResult, TokenEvent
+from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepPlan, StepResult, TokenEvent
 
 pytestmark = pytest.mark.slow
 _ids = itertools.count()
@@ -184,11 +184,11 @@ async def test_a_step_failure_fails_only_that_step(engine: Engine) -> None:
 class RecordedBackend(WrappedBackend):
     """Calls `record(batch)` on the step thread before each step."""
 
-    def __init__(self, inner: LlamaCppBackend, record: Callable[[StepBatch], None]) -> None:
+    def __init__(self, inner: LlamaCppBackend, record: Callable[[StepPlan], None]) -> None:
         super().__init__(inner)
         self.record = record
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         self.record(batch)
         return super().execute(batch)
 
@@ -201,7 +201,7 @@ async def test_batch_work_yields_to_an_interactive_request_within_its_targets(ba
     in is predicted within 1.2x its step alone (the inter-token target)."""
     steps: list[tuple[tuple[tuple[int, int], ...], float, float | None, float]] = []
 
-    def record(batch: StepBatch) -> None:
+    def record(batch: StepPlan) -> None:
         model = scheduler.policy.model
         chunks = tuple((c.seq_id, len(c.token_ids)) for c in batch.chunks)
         limit = scheduler.policy.snapshot().step_limit_s

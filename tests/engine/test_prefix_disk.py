@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
-from localserve.engine.types import StepBatch, StepResult
+from localserve.engine.types import StepPlan, StepResult
 
 from .scripted import Driver, make_capacity, prompt
 
@@ -187,12 +187,12 @@ def test_a_restore_the_backend_refuses_is_recomputed_and_its_file_deleted(tmp_pa
     driver = drive(disk, {"first": LONG + [1], "other": prompt(3000, 300)})
     real_execute = driver.backend.execute
 
-    def refusing(batch: StepBatch) -> StepResult:
+    def refusing(batch: StepPlan) -> StepResult:
         restores = {op.slot for op in batch.kv_ops if op.kind == "restore"}
         if not restores:
             return real_execute(batch)
         kept = tuple(op for op in batch.kv_ops if op.kind != "restore")
-        result = real_execute(StepBatch(batch.step_id, kept, (), batch.released_seq_ids))
+        result = real_execute(StepPlan(batch.step_id, kept, (), batch.released_seq_ids))
         for slot in restores:
             driver.backend.slots[slot] = []
         return StepResult({}, restore_failed=tuple(restores), saved=result.saved)

@@ -19,7 +19,7 @@ import pytest
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig, RequestStream
 from localserve.engine.faults import WrappedBackend
-from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepBatch, StepResult
+from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepPlan, StepResult
 from localserve.errors import QueueFullError
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ class HeldBackend(WrappedBackend):
         self._allowed = threading.Semaphore(0)
         self._open = False
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         self.entered.set()
         if not self._open and not self._allowed.acquire(timeout=60):
             raise TimeoutError("the test never let this step run")

@@ -14,7 +14,7 @@ import pytest
 from localserve.engine.batch_policy import BatchPolicy
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.sequence import SeqStatus
-from localserve.engine.types import FinishReason, KvOp, StepBatch
+from localserve.engine.types import FinishReason, KvOp, StepPlan
 
 from .scripted import (
     EOS,
@@ -125,7 +125,7 @@ def batch_driver(cost: StepCost, num_batch: int, max_tokens: int = 100, **config
     return driver
 
 
-def batch_in(driver: Driver, batch: StepBatch) -> set[str]:
+def batch_in(driver: Driver, batch: StepPlan) -> set[str]:
     """Request ids of the batch sequences (b*) a step computes."""
     in_step = {c.seq_id for c in batch.chunks}
     return {r for r, seq_id in driver.seq_ids.items() if r.startswith("b") and seq_id in in_step}

@@ -18,7 +18,7 @@ import pytest
 
 from localserve.engine.backend import GenerativeBackend
 from localserve.engine.faults import WrappedBackend
-from localserve.engine.types import StepBatch, StepResult
+from localserve.engine.types import StepPlan, StepResult
 from localserve.models.plan import LoadReport
 from localserve.models.registry import ModelRegistry, ModelSpec
 from localserve.models.store import hf_cache
@@ -66,7 +66,7 @@ def test_a_request_for_an_unloaded_model_loads_it(start_server: Callable[..., Se
 class HeldBackend(WrappedBackend):
     """A model whose steps wait for `HeldRegistry.gate`."""
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         HeldRegistry.gate.wait(120)
         return super().execute(batch)
 

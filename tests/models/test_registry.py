@@ -1,7 +1,7 @@
 """ModelRegistry with scripted backends and a fake engine: shared loads, LRU
 eviction (idle models at once, busy ones after a bounded drain), keep_alive and the reaper, start-up loads and
 their errors and limits. The registry's own code runs; only the backends' opening and
-the engine's step threads are replaced (a real batcher runs the one-shot
+the engine's step threads are replaced (a real queue runs the one-shot
 models)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import BackendInfo, GenerativeBackend, OneShotBackend
-from localserve.engine.batcher import BatcherConfig
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE
+from localserve.engine.oneshot_queue import OneShotQueueConfig
 from localserve.engine.types import Capacity, FinishReason, TokenEvent
 from localserve.errors import (
     EngineStoppedError,
@@ -111,9 +111,9 @@ class ScriptedRegistry(ModelRegistry):
         self._open(spec)
         return Idle(), LoadReport(512, 1, 512, 0, 0, 0, "CPU")  # type: ignore[return-value]
 
-    def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+    def open_oneshot(self, spec: ModelSpec, kind: str) -> tuple[OneShotBackend, OneShotQueueConfig]:  # type: ignore[type-arg]
         self._open(spec)
-        return Echo(), BatcherConfig()
+        return Echo(), OneShotQueueConfig()
 
     async def uninstall(self, record: Any) -> None:
         self.unloads.append(record.model_id)

@@ -1,6 +1,6 @@
 """`serving.transcription` called directly, without HTTP: the real Whisper
 tiny.en (as tests/api/test_audio_api.py) on espeak-ng speech, behind its
-micro-batcher, reached through `LocalModels` as `batch run` and `run` do."""
+one-shot queue, reached through `LocalModels` as `batch run` and `run` do."""
 
 from __future__ import annotations
 
@@ -86,15 +86,15 @@ def test_options_follow_the_response_format_and_task() -> None:
 
 
 @needs_speech
-async def test_speech_transcribes_through_the_batcher(models: LocalModels, wav: Path) -> None:
+async def test_speech_transcribes_through_the_oneshot_queue(models: LocalModels, wav: Path) -> None:
     loaded = models.registry.get_oneshot(MODEL, ModelKind.TRANSCRIPTION)
     assert isinstance(loaded.backend, SpeechBackend)  # the declared interface, no cast
-    before = loaded.batcher.stats().requests
+    before = loaded.queue.stats().requests
     transcript = await run(models, audio=wav.read_bytes())
     assert word_error_rate(SENTENCE, transcript.text) < 0.35, transcript.text
     assert transcript.language == "en" and transcript.task == "transcribe"
     assert transcript.segments and transcript.duration_s > 1.0
-    assert loaded.batcher.stats().requests == before + 1  # one request's windows went through the batcher
+    assert loaded.queue.stats().requests == before + 1  # one request's windows went through the queue
 
 
 @needs_speech

@@ -15,7 +15,7 @@ import pytest
 
 from localserve.api.admin.stats import add_one_shot_provider, set_batches_provider
 from localserve.api.state import REGISTRY
-from localserve.engine.batcher_stats import BatcherSnapshot
+from localserve.engine.oneshot_stats import OneShotQueueSnapshot
 from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER
 from localserve.models.registry import LoadedOneShot, ModelRecord, ModelSpec
@@ -142,15 +142,15 @@ async def test_hooks_add_batches_and_one_shot_stats() -> None:
 async def test_one_shot_models_of_the_registry_are_listed() -> None:
     app = empty_app()
     figures = {name: 0 for name in ("requests", "items", "dispatches", "batches", "errors", "rejected")}
-    snapshot = BatcherSnapshot(
+    snapshot = OneShotQueueSnapshot(
         "onnxruntime", "CPU", 3, 1, 0, False, **figures, real_size=0, padded_size=0, busy_s=0.0,
         padding_ratio=0.0, recent_padding_ratio=0.0, mean_batch_size=8.0, max_batch_size_seen=8,
         recent_batch_sizes=(8,), items_per_s=0.0, busy_fraction=0.0, padding_free=False, max_batch_size=32,
         max_batch_tokens=16384, max_wait_ms=0.0, max_queue=256, group_by_length=True,
     )  # fmt: skip
-    batcher = SimpleNamespace(stats=lambda *_: snapshot, close=lambda: None)
+    queue = SimpleNamespace(stats=lambda *_: snapshot, close=lambda: None)
     spec = ModelSpec("minilm", Path("/models/minilm"), ("embeddings",))
-    model = LoadedOneShot(spec, "embeddings", SimpleNamespace(close=lambda: None), batcher)  # type: ignore[arg-type]
+    model = LoadedOneShot(spec, "embeddings", SimpleNamespace(close=lambda: None), queue)  # type: ignore[arg-type]
     app[REGISTRY].records["minilm"] = ModelRecord(spec, ModelKind.EMBEDDINGS, FOREVER, RecordState.LOADED, model=model)
     async with serve(app) as client:
         body = await (await client.get("/api/v1/stats")).json()

@@ -21,7 +21,7 @@ is copied on the hot path):
   class (`interactive`, `default`, `batch`), the engine's own record
   (`engine.stats.ModelStats`, timed on the step thread), so that they agree
   with `/api/v1/stats`
-* one-shot batchers (embeddings, speech): `localserve_oneshot_padding_ratio`,
+* one-shot queues (embeddings, speech): `localserve_oneshot_padding_ratio`,
   `localserve_oneshot_mean_batch_size`, `localserve_oneshot_queue_items`,
   `localserve_oneshot_items_total`, `localserve_oneshot_batches_total`
 
@@ -130,7 +130,7 @@ def _endpoint(request: web.Request) -> str:
 
 
 class ServerCollector(Collector):
-    """Engine and one-shot batcher figures, read at each scrape."""
+    """Engine and one-shot queue figures, read at each scrape."""
 
     def __init__(self, models: ModelRegistry, disk: DiskWatch | None = None) -> None:
         self.models = models
@@ -256,7 +256,7 @@ class ServerCollector(Collector):
         items = CounterMetricFamily("localserve_oneshot_items", "Items processed", labels=labels)
         batches = CounterMetricFamily("localserve_oneshot_batches", "Backend runs", labels=labels)
         for model_id, s in stats.items():
-            key, b = [model_id, str(s.kind)], s.batcher
+            key, b = [model_id, str(s.kind)], s.queue
             padding.add_metric(key, b.padding_ratio)
             size.add_metric(key, b.mean_batch_size)
             queued.add_metric(key, b.queue_items)

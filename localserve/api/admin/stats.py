@@ -25,7 +25,7 @@ A snapshot::
      "not_loaded": {name: why} (start-up models beyond --max-loaded-models: loaded on first request),
      "requests": [{"id", "model", "priority", "priority_class", "state", "prompt_tokens",
                    "generated_tokens", "max_tokens", "age_s", "queue_wait_s", "ttft_s", "tokens_per_s"}],
-     "one_shot": {model id or hook name: {"kind", ...the batcher's stats(), "keep_alive", "expires_in_s"}},
+     "one_shot": {model id or hook name: {"kind", ...the queue's stats(), "keep_alive", "expires_in_s"}},
      "batches": [{"id", "status", "endpoint", "model", "request_counts": {"total", "completed", "failed"},
                   "created_at"}],
      "disk": {"data_dir", "free_bytes", "total_bytes", "writable", "low"} (the data directory's disk)}
@@ -44,7 +44,7 @@ at any time after; the hooks object is mutable):
 * `set_batches_provider(app, fn)` - `fn()` returns OpenAI Batch objects
   (the Batch API's job list); until then `batches` is `[]`.
 * `add_one_shot_provider(app, name, fn)` - `fn()` returns a one-shot
-  batcher's `stats()` dict, shown under `one_shot[name]`. The one-shot
+  queue's `stats()` dict, shown under `one_shot[name]`. The one-shot
   models in the `ModelRegistry` (embeddings, ASR) are listed without a hook.
 """
 
@@ -65,7 +65,7 @@ from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
 from localserve.api.admin.disk_watch import DISK_WATCH
-from localserve.api.admin.stats_json import batcher_json, model_json, request_json
+from localserve.api.admin.stats_json import model_json, oneshot_queue_json, request_json
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
@@ -155,7 +155,7 @@ def set_batches_provider(app: web.Application, provider: BatchesProvider | None)
 
 
 def add_one_shot_provider(app: web.Application, name: str, provider: OneShotProvider) -> None:
-    """Hook for one-shot batchers (embeddings, ASR): `provider()` is its `stats()`."""
+    """Hook for one-shot queues (embeddings, ASR): `provider()` is its `stats()`."""
     _state(app).one_shot[name] = provider
 
 
@@ -226,10 +226,10 @@ def _keep_alive(app: web.Application) -> dict[str, dict[str, Any]]:
 
 
 def _one_shot_stats(state: StatsState, registry: ModelRegistry) -> dict[str, Any]:
-    """Batcher stats of the hooks and of every loaded one-shot model (these win)."""
+    """OneShotQueue stats of the hooks and of every loaded one-shot model (these win)."""
     hooked = {name: dict(_call_hook(provider, {})) for name, provider in state.one_shot.items()}
     loaded = _call_hook(registry.oneshot_stats, {})
-    return {**hooked, **{name: {"kind": s.kind, **batcher_json(s.batcher)} for name, s in loaded.items()}}
+    return {**hooked, **{name: {"kind": s.kind, **oneshot_queue_json(s.queue)} for name, s in loaded.items()}}
 
 
 def _call_hook(provider: Callable[[], Any] | None, default: Any) -> Any:

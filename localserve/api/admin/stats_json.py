@@ -1,5 +1,5 @@
-"""The engine's and the batchers' stats snapshots as JSON: the one place
-where the typed snapshots (`engine/stats.py`, `engine/batcher_stats.py`,
+"""The engine's and the queues' stats snapshots as JSON: the one place
+where the typed snapshots (`engine/stats.py`, `engine/oneshot_stats.py`,
 `engine/batch_policy.py`) become the dicts `/api/v1/stats` serves (its
 shape is in `api/admin/stats.py`; tests/api/test_stats_shape.py pins the keys).
 `/metrics` reads the snapshots' fields directly."""
@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from localserve.engine.batch_policy import BatchPolicySnapshot
-from localserve.engine.batcher_stats import BatcherSnapshot
+from localserve.engine.oneshot_stats import OneShotQueueSnapshot
 from localserve.engine.prefix_disk import DiskTierStats
 from localserve.engine.stats import ModelRates, ModelSnapshot, SchedulerSnapshot, SeqSnapshot
 from localserve.engine.threads import ThreadState
@@ -105,8 +105,8 @@ def request_json(model_id: str, seq: SeqSnapshot) -> dict[str, Any]:
     }
 
 
-def batcher_json(stats: BatcherSnapshot) -> dict[str, Any]:
-    """A one-shot batcher's figures (`recent_batch_sizes` a list, as JSON has it)."""
+def oneshot_queue_json(stats: OneShotQueueSnapshot) -> dict[str, Any]:
+    """A one-shot queue's figures (`recent_batch_sizes` a list, as JSON has it)."""
     out = asdict(stats)
     out["recent_batch_sizes"] = list(stats.recent_batch_sizes)
     return out

@@ -34,7 +34,7 @@ from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 from localserve.backends.numpy_sampling import NumpySampler, greedy_rows
 from localserve.backends.numpy_sampling import token_logprob as row_logprob
 from localserve.engine.backend import BackendInfo, GenerativeBackend
-from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepBatch, StepResult
+from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepPlan, StepResult
 from localserve.errors import BackendError, InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ class LlamaCppBackend(GenerativeBackend):
             f"v={config.cache_type_v}|fa={config.flash_attn}|{layout}|lib={library_build()}"
         )
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepPlan) -> StepResult:
         ctx, mem, b = self._native()
         self.release(batch.released_seq_ids)
         state = self._apply_kv_ops(ctx, mem, batch.kv_ops)
@@ -405,7 +405,7 @@ class LlamaCppBackend(GenerativeBackend):
     def _matcher(self, grammar: str) -> GrammarMatcher:
         return GrammarMatcher(self._tokenizer.guidance_tokenizer(), grammar)
 
-    def _ensure_samplers(self, batch: StepBatch) -> dict[int, str]:
+    def _ensure_samplers(self, batch: StepPlan) -> dict[int, str]:
         """A sampler for every sequence that samples in this step and has
         none yet: numpy's, or a native chain under a grammar."""
         failed: dict[int, str] = {}
@@ -447,7 +447,7 @@ class _LogitsRows:
 
 
 def _fill_batch(
-    b: llama_cpp.llama_batch, batch: StepBatch, model_drafts: dict[int, list[int]]
+    b: llama_cpp.llama_batch, batch: StepPlan, model_drafts: dict[int, list[int]]
 ) -> tuple[list[tuple[SeqChunk, int]], int]:
     """Write the step's tokens (and the draft model's drafts) into `b`; the
     chunks that sample, with the index in `b` of their last token before

@@ -28,7 +28,7 @@ import numpy as np
 
 from localserve.backends.llamacpp.devices import load_model, warm_up
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
-from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepBatch
+from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepPlan
 from localserve.errors import BackendError, LocalServeError
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class DraftModel:
             elif op.kind == KvOpKind.COPY:
                 self._target[op.slot] = self._target.get(op.src, [])[: op.num_tokens]
 
-    def drafts_for(self, batch: StepBatch) -> dict[int, list[int]]:
+    def drafts_for(self, batch: StepPlan) -> dict[int, list[int]]:
         """Drafts for the step's chunks that ask the draft model for some, by seq_id."""
         chunks = [c for c in batch.chunks if c.draft_model_tokens > 0]
         if not chunks:

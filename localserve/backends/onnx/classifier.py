@@ -4,7 +4,7 @@ the graph `models.convert.bert_classifier` builds, and its tokenizer.
 An item is one text, or a pair (a query and a document) read together as
 `[CLS] query [SEP] document [SEP]` with token types 0 and 1 (the tokenizer's
 own pair template); the output is its row of logits. Batches are padded
-rectangles, so the batcher groups items by length, as for embeddings.
+rectangles, so the queue groups items by length, as for embeddings.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class PaddedClassifierBackend(OneShotBackend[PairTokens, np.ndarray]):
         return len(item.ids)
 
     def run(self, items: Sequence[PairTokens]) -> list[np.ndarray]:
-        """One padded forward pass over `items` (the batcher keeps their lengths close)."""
+        """One padded forward pass over `items` (the queue keeps their lengths close)."""
         width = max(len(item.ids) for item in items)
         input_ids = np.full((len(items), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(items), width), dtype=np.int64)

@@ -2,7 +2,7 @@
 sentence-transformers folder, and its WordPiece tokenizer (`tokenizers`).
 
 Unlike llama.cpp, a batch here is a padded rectangle, so `padding_free` is
-False and the batcher groups inputs by length before each `run`.
+False and the queue groups inputs by length before each `run`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class PaddedEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         return len(item)
 
     def run(self, items: Sequence[TokenIds]) -> list[np.ndarray]:
-        """One padded forward pass over `items` (the batcher keeps their lengths close)."""
+        """One padded forward pass over `items` (the queue keeps their lengths close)."""
         width = max(len(item) for item in items)
         input_ids = np.full((len(items), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(items), width), dtype=np.int64)

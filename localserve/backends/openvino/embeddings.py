@@ -3,7 +3,7 @@ sentence-transformers folder (BERT + the folder's pooling and normalisation
 inside the graph), and its WordPiece tokenizer.
 
 On CPU and GPU the graph keeps a dynamic batch and sequence length, so a
-batch is padded only to its longest input (the batcher groups by length).
+batch is padded only to its longest input (the queue groups by length).
 The NPU plugin compiles static shapes only: there the graph is reshaped to
 `[npu_batch, npu_tokens]` once at load, every call is padded to exactly that
 (extra rows have an all-zero mask and are dropped), and an input longer than

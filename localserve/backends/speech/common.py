@@ -1,6 +1,6 @@
 """What every speech-recognition backend shares: the interface the serving
 layer uses (`SpeechBackend`), audio decoding (any format PyAV reads) and the
-plain types that cross from the serving layer to the batcher's thread and
+plain types that cross from the serving layer to the queue's thread and
 back."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ FRAMES_PER_S = 100  # mel frames; the unit of item_size
 @dataclass(frozen=True, slots=True)
 class TranscribeOptions:
     """What a request asks for. Windows with different options never share
-    a `run` call (they are the batcher's group key)."""
+    a `run` call (they are the queue's group key)."""
 
     task: str = "transcribe"  # transcribe | translate
     language: str | None = None  # None: detect (multilingual models) or "en"
@@ -92,10 +92,10 @@ class SpeechPlan:
 @runtime_checkable
 class SpeechBackend(Protocol):
     """What a speech-recognition backend offers besides `OneShotBackend`
-    (`run` turns the windows of `plan` into outputs on the batcher's thread).
+    (`run` turns the windows of `plan` into outputs on the queue's thread).
 
     `plan` and `assemble` may be called from any thread, also while the
-    batcher's thread runs `run`: the serving layer calls `plan` in a worker
+    queue's thread runs `run`: the serving layer calls `plan` in a worker
     thread and `assemble` on the event loop. They share no mutable state with
     `run` (faster-whisper's language detection calls CTranslate2, whose
     models take concurrent calls)."""

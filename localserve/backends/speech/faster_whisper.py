@@ -2,7 +2,7 @@
 
 A request's audio is decoded (any format PyAV reads), cut into windows of at
 most 30 s at pauses found by Silero VAD (silence dropped), and each window
-becomes one item for the batcher. `run` encodes a group of windows, from any
+becomes one item for the queue. `run` encodes a group of windows, from any
 number of requests, in one batch and decodes them together
 (`ctranslate2.models.Whisper.generate` over the batch). `assemble` turns a
 request's window results back into one transcript on the original timeline.
@@ -143,7 +143,7 @@ class FasterWhisperBackend(OneShotBackend[AudioWindow, list[Segment]]):
         language, _, _ = self.model.detect_language(features=np.concatenate(features, axis=1))
         return str(language)
 
-    # ---- OneShotBackend (the batcher's thread) ----------------------------------------
+    # ---- OneShotBackend (the queue's thread) ----------------------------------------
 
     def item_size(self, item: AudioWindow) -> int:
         # The encoder computes a full 30 s window however much speech it

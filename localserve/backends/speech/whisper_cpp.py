@@ -7,7 +7,7 @@ faster-whisper serves also runs here, with no download.
 Batching: whisper.cpp has no batch API (one `whisper_full` call transcribes
 one audio on one context, and a context runs one call at a time), so `run`
 transcribes the windows of a dispatch one after another, each with every
-thread it is given. The batcher still gathers concurrent requests; the gain
+thread it is given. The queue still gathers concurrent requests; the gain
 of batching that faster-whisper gets is not available here.
 """
 

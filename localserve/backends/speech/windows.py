@@ -5,7 +5,7 @@ backend hears the same windows), check the language, and put each window's
 segments back on the original audio's timeline.
 
 Neither library batches several audios in one call, so `run` answers the
-windows of a dispatch one after another; the batcher still gathers them
+windows of a dispatch one after another; the queue still gathers them
 (one dispatch per wake-up, grouped by options) and reports what it batched.
 """
 
@@ -117,7 +117,7 @@ class SampleWindowBackend(OneShotBackend[SampleWindow, WindowTranscript]):
             raise InvalidRequestError(f"Unsupported language {language!r}; use an ISO-639-1 code.", param="language")
         return code
 
-    # ---- OneShotBackend (the batcher's thread) ----------------------------------------
+    # ---- OneShotBackend (the queue's thread) ----------------------------------------
 
     def item_size(self, item: SampleWindow) -> int:
         # The encoder sees a full 30 s window however much speech it holds.

@@ -2,7 +2,7 @@
 
 * `specs` - what a name means (`resolve`, `find_spec`: one pass through
   models/store/discovery.py), as a `ModelSpec`;
-* `core` - `ModelRegistry`: loads into the engine or a batcher, start-up
+* `core` - `ModelRegistry`: loads into the engine or a queue, start-up
   loads and their errors, leases, keep_alive, LRU eviction, unloads;
 * `keeping` - eviction, unloads and the reaper, for `core`;
 * `views` - the loaded models by kind and id, reports and stats;

@@ -5,7 +5,7 @@
   `ID=PATH` models too, which no name finds) and the names served under
   another id (`llama3.2` is `llama3.2:latest`).
 * **Loads.** A generative model goes into the engine, a one-shot model
-  (embeddings, speech) behind a new batcher; the backend opens in a thread
+  (embeddings, speech) behind a new queue; the backend opens in a thread
   (`open_model`, `open_oneshot`), so other models keep serving. Concurrent
   asks for one model share one load.
 * **Start-up.** `start()` loads `settings.models` in the background, the
@@ -23,7 +23,7 @@
 * **Limits.** Each kind (chat, embeddings, transcription) holds at most
   `--max-loaded-models` models loaded on demand; to make room, the least
   recently used *idle* model of the kind is unloaded. A model is idle when
-  no lease is held and neither its engine queue nor its batcher has work.
+  no lease is held and neither its engine queue nor its queue has work.
   If every model of the kind is busy, the least recently used one *drains*
   (`keeping.Keeper`): it takes no new requests (they wait for the swap, then
   load it again) and finishes its answers in flight, for up to DRAIN_WAIT_S;
@@ -50,8 +50,8 @@ from pathlib import Path
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
-from localserve.engine.batcher import Batcher, BatcherConfig
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE, Engine, EngineConfig
+from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
 from localserve.engine.scheduler import SchedulerConfig
 from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
@@ -320,13 +320,13 @@ class ModelRegistry(RegistryViews):
 
     async def _install(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
         """Open the backend in a thread; a generative one goes into the
-        engine, a one-shot one behind a new batcher."""
+        engine, a one-shot one behind a new queue."""
         started = time.monotonic()
         kind = oneshot_kind(spec.labels)
         if kind is not None:
             oneshot, batching = await asyncio.to_thread(self.open_oneshot, spec, kind)
-            batcher = Batcher(spec.model_id, oneshot, batching, adaptive_threads=self.settings.adaptive_threads)
-            return LoadedOneShot(spec, kind, oneshot, batcher, load_seconds=time.monotonic() - started)
+            queue = OneShotQueue(spec.model_id, oneshot, batching, adaptive_threads=self.settings.adaptive_threads)
+            return LoadedOneShot(spec, kind, oneshot, queue, load_seconds=time.monotonic() - started)
         backend, report = await asyncio.to_thread(self.open_model, spec)
         self.engine.add_model(spec.model_id, backend, self._engine_config(backend.capacity()))
         await self.engine.warmed_up(spec.model_id)
@@ -336,7 +336,7 @@ class ModelRegistry(RegistryViews):
         """Open a generative model's backend (blocking)."""
         return open_generative(spec, self.settings)
 
-    def open_oneshot(self, spec: ModelSpec, kind: ModelKind) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+    def open_oneshot(self, spec: ModelSpec, kind: ModelKind) -> tuple[OneShotBackend, OneShotQueueConfig]:  # type: ignore[type-arg]
         """Open a one-shot model's backend (blocking: converts on first use)."""
         return open_oneshot(spec, kind, self.settings)
 
@@ -392,13 +392,13 @@ class ModelRegistry(RegistryViews):
 
     def end_requests(self, record: ModelRecord) -> int:
         """End the answers still running on a model being swapped out (its
-        drain ran out of time); one-shot work ends when its batcher closes."""
+        drain ran out of time); one-shot work ends when its queue closes."""
         if isinstance(record.model, LoadedModel) and self.engine.has_model(record.model_id):
             return self.engine.end_requests(record.model_id, SWAPPED_OUT_MESSAGE)
         return 0
 
     async def uninstall(self, record: ModelRecord) -> None:
-        """Take a loaded model out of the engine or stop its batcher (the
+        """Take a loaded model out of the engine or stop its queue (the
         keeper's unload, after a swap's drain), then close its backend."""
         model, record.model = record.model, None
         if isinstance(model, LoadedOneShot):
@@ -416,5 +416,5 @@ class ModelRegistry(RegistryViews):
 
 
 async def _close_oneshot(model: LoadedOneShot) -> None:
-    await asyncio.to_thread(model.batcher.close)
+    await asyncio.to_thread(model.queue.close)
     await asyncio.to_thread(model.backend.close)

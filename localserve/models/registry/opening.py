@@ -9,7 +9,7 @@ import logging
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
-from localserve.engine.batcher import BatcherConfig
+from localserve.engine.oneshot_queue import OneShotQueueConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.backend_registry import BackendContext, Opened, as_opened, named
 from localserve.models.kinds import ModelKind, kind_of
@@ -44,12 +44,14 @@ def open_generative(spec: ModelSpec, settings: ServerSettings) -> tuple[Generati
     return backend, report
 
 
-def open_oneshot(spec: ModelSpec, kind: ModelKind, settings: ServerSettings) -> tuple[OneShotBackend, BatcherConfig]:  # type: ignore[type-arg]
+def open_oneshot(
+    spec: ModelSpec, kind: ModelKind, settings: ServerSettings
+) -> tuple[OneShotBackend, OneShotQueueConfig]:  # type: ignore[type-arg]
     """An embeddings or speech model's backend (converted on first use) and its batching."""
     opened = open_backend(spec, settings)
     backend, batching = opened.backend, opened.batching
     if not isinstance(backend, OneShotBackend):
         raise InvalidRequestError(f"model {spec.model_id!r}: its backend {spec.backend!r} made no {kind} backend")
-    if not isinstance(batching, BatcherConfig):
-        batching = BatcherConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
+    if not isinstance(batching, OneShotQueueConfig):
+        batching = OneShotQueueConfig(max_queue=settings.max_queue, **BATCHING[kind])  # type: ignore[arg-type]
     return backend, batching

@@ -1,5 +1,5 @@
 """What the registry keeps per model: the loaded backend (generative, or
-one-shot behind its batcher), the record of its life (state, leases, idle
+one-shot behind its queue), the record of its life (state, leases, idle
 clock, keep_alive) and the lease a caller holds it with."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
-from localserve.engine.batcher import Batcher
+from localserve.engine.oneshot_queue import OneShotQueue
 from localserve.models.kinds import ModelKind
 from localserve.models.plan import LoadReport
 from localserve.models.policy import FOREVER
@@ -40,12 +40,12 @@ class LoadedModel:
 
 @dataclass(slots=True)
 class LoadedOneShot:
-    """An embeddings or speech model: its backend behind its batcher."""
+    """An embeddings or speech model: its backend behind its queue."""
 
     spec: ModelSpec
     kind: ModelKind  # EMBEDDINGS or TRANSCRIPTION
     backend: OneShotBackend  # type: ignore[type-arg]
-    batcher: Batcher  # type: ignore[type-arg]
+    queue: OneShotQueue  # type: ignore[type-arg]
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
 

@@ -1,6 +1,6 @@
 """What the registry's models look like from outside: the loaded ones by
 kind, one of them by id (with the right error when it is not there), the
-load reports, batcher stats and the list `GET /api/v1/loaded` shows. All
+load reports, queue stats and the list `GET /api/v1/loaded` shows. All
 derived from the registry's records; nothing here keeps state."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from localserve.engine.batcher_stats import BatcherSnapshot
 from localserve.engine.engine import Engine
+from localserve.engine.oneshot_stats import OneShotQueueSnapshot
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
 from localserve.models.kinds import ROUTES, Kinds, ModelKind, kind_in, kinds_text
 from localserve.models.policy import FOREVER, format_keep_alive
@@ -22,10 +22,10 @@ _COMING = (RecordState.PENDING, RecordState.LOADING)
 
 @dataclass(frozen=True, slots=True)
 class OneShotStats:
-    """A loaded one-shot model's kind and its batcher's snapshot."""
+    """A loaded one-shot model's kind and its queue's snapshot."""
 
     kind: ModelKind
-    batcher: BatcherSnapshot
+    queue: OneShotQueueSnapshot
 
 
 class RegistryViews:
@@ -105,15 +105,15 @@ class RegistryViews:
         return model.report.to_json() if model is not None and model.report is not None else {}
 
     def oneshot_stats(self) -> dict[str, OneShotStats]:
-        """Batcher stats per one-shot model, for the dashboard and /metrics."""
-        return {model_id: OneShotStats(m.kind, m.batcher.stats()) for model_id, m in self.oneshot.items()}
+        """OneShotQueue stats per one-shot model, for the dashboard and /metrics."""
+        return {model_id: OneShotStats(m.kind, m.queue.stats()) for model_id, m in self.oneshot.items()}
 
     def busy(self, record: ModelRecord) -> bool:
-        """Leases held, or work queued or running in the engine or the batcher."""
+        """Leases held, or work queued or running in the engine or the queue."""
         if record.num_users:
             return True
         if isinstance(record.model, LoadedOneShot):
-            stats = record.model.batcher.stats(0.0)
+            stats = record.model.queue.stats(0.0)
             return bool(stats.in_flight or stats.queue_items)
         return self.engine.has_model(record.model_id) and bool(self.engine.num_in_flight(record.model_id))
 

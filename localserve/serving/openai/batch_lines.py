@@ -40,7 +40,7 @@ LineHandler = Callable[[ModelHost, dict[str, Any]], Awaitable[LineAnswer]]
 
 BATCH_PRIORITY = PRIORITY_ALIASES["batch"]
 RETRY_CODES = frozenset({"model_loading", "queue_full"})  # "not now": the line is sent again
-EMBEDDING_IN_FLIGHT = 8  # embedding lines at a time (the model's batcher groups them)
+EMBEDDING_IN_FLIGHT = 8  # embedding lines at a time (the model's queue groups them)
 
 
 async def _chat(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
@@ -88,7 +88,7 @@ LINE_HANDLERS: dict[str, LineHandler] = {
     "/v1/score": _score,
     "/v1/classify": _classify,
 }
-#: One-shot endpoints: their lines go to a model's micro-batcher, which groups them.
+#: One-shot endpoints: their lines go to a model's one-shot queue, which groups them.
 ONESHOT_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/classify"})
 
 

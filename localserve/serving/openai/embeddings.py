@@ -1,5 +1,5 @@
 """OpenAI's embeddings: the request (text or token ids) and the `list` of
-vectors it answers, batched across requests by the model's batcher
+vectors it answers, batched across requests by the model's queue
 (`serving.embeddings`)."""
 
 from __future__ import annotations

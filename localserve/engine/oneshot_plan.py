@@ -1,4 +1,4 @@
-"""What the one-shot batcher sends next, as pure functions: which waiting
+"""What the one-shot queue sends next, as pure functions: which waiting
 items make the next dispatch (priority with aging, size limits), and how a
 dispatch splits into `run` groups by length (so padding stays small)."""
 

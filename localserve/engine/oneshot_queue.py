@@ -1,6 +1,6 @@
-"""The dynamic micro-batcher for one-shot models (embeddings, speech recognition).
+"""The dynamic one-shot queue for one-shot models (embeddings, speech recognition).
 
-Callers `await batcher.submit(items)` on the event loop. One thread per model
+Callers `await queue.submit(items)` on the event loop. One thread per model
 runs dispatches one after another, continuous batching for one-shot work:
 
 * an item that finds the model idle leaves at once, alone if it is alone
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from localserve.engine.backend import OneShotBackend
-from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
-from localserve.engine.batcher_stats import BatcherSnapshot, BatcherStats
+from localserve.engine.oneshot_plan import choose_dispatch, padding_of, plan_groups
+from localserve.engine.oneshot_stats import OneShotQueueSnapshot, OneShotQueueStats
 from localserve.engine.threads import ThreadChooser, shared_cpu_use
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError
@@ -44,7 +44,7 @@ OutputT = TypeVar("OutputT")
 
 
 @dataclass(frozen=True, slots=True)
-class BatcherConfig:
+class OneShotQueueConfig:
     """When a dispatch leaves, how big it may be, and how it is grouped."""
 
     max_batch_size: int = 32  # items per dispatch
@@ -85,21 +85,21 @@ class _Entry(Generic[ItemT]):
     through_dispatch: bool  # it waited while a dispatch ran: it leaves in the next one, with no extra wait
 
 
-class Batcher(Generic[ItemT, OutputT]):
+class OneShotQueue(Generic[ItemT, OutputT]):
     """Dynamic batching in front of one `OneShotBackend`, on its own thread."""
 
     def __init__(
         self,
         name: str,
         backend: OneShotBackend[ItemT, OutputT],
-        config: BatcherConfig | None = None,
+        config: OneShotQueueConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         adaptive_threads: bool = False,
     ) -> None:
         self.name = name
         self.backend = backend
-        self.config = config or BatcherConfig()
+        self.config = config or OneShotQueueConfig()
         self._clock = clock  # arrivals, aging and the optional wait (tests pass a fake one)
         info = backend.info()
         self._backend_name, self._device = info.backend, info.device
@@ -109,14 +109,14 @@ class Batcher(Generic[ItemT, OutputT]):
         self._num_waiting_requests = 0
         self._num_in_flight = 0
         self._order = itertools.count()
-        self._stats = BatcherStats()
+        self._stats = OneShotQueueStats()
         self._stopping = False
         # --threads auto: each run on the cores other programs leave free (engine/threads.py)
         threads = backend.cpu_threads()
         self.threads: ThreadChooser | None = None
         if adaptive_threads and threads > 1:
             self.threads = ThreadChooser(threads, busy_elsewhere=shared_cpu_use().busy_elsewhere)
-        self._thread = threading.Thread(target=self._run, name=f"batch-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"oneshot-{name}", daemon=True)
         self._thread.start()
 
     # ---- event loop side -------------------------------------------------------
@@ -186,7 +186,7 @@ class Batcher(Generic[ItemT, OutputT]):
                     with self._cond:
                         self._busy = False
         except BaseException as exc:  # never leave callers hanging
-            log.exception("batcher %s crashed", self.name)
+            log.exception("queue %s crashed", self.name)
             self._fail_pending(EngineStoppedError(f"model {self.name!r} stopped: {exc}"))
             raise
         self._fail_pending(EngineStoppedError(f"model {self.name!r} is shutting down"))
@@ -321,13 +321,13 @@ class Batcher(Generic[ItemT, OutputT]):
 
     # ---- stats -----------------------------------------------------------------
 
-    def stats(self, recent_s: float = 10.0) -> BatcherSnapshot:
+    def stats(self, recent_s: float = 10.0) -> OneShotQueueSnapshot:
         """A snapshot for the dashboard and /metrics (cheap; any thread)."""
         with self._cond:
             queue_items, queue_requests = len(self._pending), self._num_waiting_requests
             in_flight, dispatching = self._num_in_flight, self._busy
         cfg, figures = self.config, self._stats.snapshot(recent_s)
-        return BatcherSnapshot(
+        return OneShotQueueSnapshot(
             backend=self._backend_name,
             device=self._device,
             queue_items=queue_items,

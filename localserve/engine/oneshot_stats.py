@@ -1,5 +1,5 @@
-"""Counters and sliding-window figures of one batcher: batch sizes, padding,
-throughput. Written by the batcher's thread, read by the stats endpoints."""
+"""Counters and sliding-window figures of one queue: batch sizes, padding,
+throughput. Written by the queue's thread, read by the stats endpoints."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ WINDOW_S = 60.0  # how far back the recent-batch figures look
 
 
 @dataclass(frozen=True, slots=True)
-class BatcherSnapshot:
-    """`Batcher.stats`: its queue now, `BatcherStats`' totals and rates, and its
+class OneShotQueueSnapshot:
+    """`OneShotQueue.stats`: its queue now, `OneShotQueueStats`' totals and rates, and its
     settings (the names are those of the JSON the API writes of it)."""
 
     backend: str
@@ -48,7 +48,7 @@ class BatcherSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class BatcherFigures:
-    """`BatcherStats.snapshot`: the totals and rates part of a `BatcherSnapshot`."""
+    """`OneShotQueueStats.snapshot`: the totals and rates part of a `OneShotQueueSnapshot`."""
 
     requests: int
     items: int
@@ -68,7 +68,7 @@ class BatcherFigures:
     busy_fraction: float
 
 
-class BatcherStats:
+class OneShotQueueStats:
     """Thread-safe totals plus the runs of the last `WINDOW_S` seconds."""
 
     def __init__(self) -> None:

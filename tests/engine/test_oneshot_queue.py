@@ -1,7 +1,7 @@
-"""The one-shot micro-batcher against a recording fake backend.
+"""The one-shot one-shot queue against a recording fake backend.
 
 Batching decisions are checked by state and order, not by wall-clock
-thresholds: the model is held busy with a gate, and the batcher's clock
+thresholds: the model is held busy with a gate, and the queue's clock
 (arrivals, aging, the optional wait) is a fake one the tests move.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Callable, Hashable, Sequence
 import pytest
 
 from localserve.engine.backend import BackendInfo, OneShotBackend
-from localserve.engine.batcher import Batcher, BatcherConfig
-from localserve.engine.batcher_plan import choose_dispatch, padding_of, plan_groups
+from localserve.engine.oneshot_plan import choose_dispatch, padding_of, plan_groups
+from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
 from localserve.errors import BackendError, EngineStoppedError, QueueFullError
 
-# A batcher that waited on its (frozen) clock would hang a test: fail it soon instead.
+# A queue that waited on its (frozen) clock would hang a test: fail it soon instead.
 pytestmark = pytest.mark.timeout(20)
 
 
@@ -62,7 +62,7 @@ class FakeBackend(OneShotBackend[str, str]):
 
 
 class FakeClock:
-    """The batcher's clock, frozen until a test moves it: any decision that
+    """The queue's clock, frozen until a test moves it: any decision that
     waited on it would never be taken."""
 
     def __init__(self) -> None:
@@ -75,12 +75,12 @@ class FakeClock:
         self.now += seconds
 
 
-def make(backend: FakeBackend, clock: FakeClock | None = None, **config: float | int | bool) -> Batcher[str, str]:
-    return Batcher("fake", backend, BatcherConfig(**config), clock=clock or FakeClock())  # type: ignore[arg-type]
+def make(backend: FakeBackend, clock: FakeClock | None = None, **config: float | int | bool) -> OneShotQueue[str, str]:
+    return OneShotQueue("fake", backend, OneShotQueueConfig(**config), clock=clock or FakeClock())  # type: ignore[arg-type]
 
 
-async def close(batcher: Batcher[str, str]) -> None:
-    await asyncio.to_thread(batcher.close, 10)
+async def close(queue: OneShotQueue[str, str]) -> None:
+    await asyncio.to_thread(queue.close, 10)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -90,12 +90,12 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
             await asyncio.sleep(0.001)
 
 
-async def hold_busy(backend: FakeBackend, batcher: Batcher[str, str], size: int = 1) -> asyncio.Task[list[str]]:
+async def hold_busy(backend: FakeBackend, queue: OneShotQueue[str, str], size: int = 1) -> asyncio.Task[list[str]]:
     """Start a dispatch of `size` "block" items and keep it running until `backend.gate.set()`."""
     backend.gate.clear()
-    blocker = asyncio.create_task(batcher.submit(["block"] * size))
+    blocker = asyncio.create_task(queue.submit(["block"] * size))
     await asyncio.to_thread(backend.entered.wait, 5)
-    assert batcher.stats().dispatching
+    assert queue.stats().dispatching
     return blocker
 
 
@@ -130,22 +130,22 @@ def test_plan_groups_without_length_grouping_or_padding_is_one_group():
 
 async def test_an_item_finding_the_model_idle_is_dispatched_at_once():
     backend = FakeBackend()
-    batcher = make(backend)  # the clock never moves: a wait for company would never end
-    assert BatcherConfig().max_wait_ms == 0
-    assert await asyncio.wait_for(batcher.submit(["solo"]), 5) == ["SOLO"]
-    assert await asyncio.wait_for(batcher.submit(["again", "two"]), 5) == ["AGAIN", "TWO"]
+    queue = make(backend)  # the clock never moves: a wait for company would never end
+    assert OneShotQueueConfig().max_wait_ms == 0
+    assert await asyncio.wait_for(queue.submit(["solo"]), 5) == ["SOLO"]
+    assert await asyncio.wait_for(queue.submit(["again", "two"]), 5) == ["AGAIN", "TWO"]
     assert backend.runs == [["solo"], ["two", "again"]]  # each alone: nothing else was waiting
-    assert batcher.stats().dispatches == 2
-    await close(batcher)
+    assert queue.stats().dispatches == 2
+    await close(queue)
 
 
 async def test_items_arriving_during_a_dispatch_leave_together_in_the_next_one():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_batch_size=64)
-    blocker = await hold_busy(backend, batcher)
-    waiting = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(5)]
-    waiting.append(asyncio.create_task(batcher.submit(["pair-a", "pair-b"])))
-    await until(lambda: batcher.stats().queue_items == 7)
+    queue = make(backend, max_batch_size=64)
+    blocker = await hold_busy(backend, queue)
+    waiting = [asyncio.create_task(queue.submit([f"item{i}"])) for i in range(5)]
+    waiting.append(asyncio.create_task(queue.submit(["pair-a", "pair-b"])))
+    await until(lambda: queue.stats().queue_items == 7)
     assert len(backend.runs) == 0  # nothing left while the model was busy
     backend.gate.set()
     assert await blocker == ["BLOCK"]
@@ -155,102 +155,102 @@ async def test_items_arriving_during_a_dispatch_leave_together_in_the_next_one()
     assert sorted(backend.runs[1]) == sorted([f"item{i}" for i in range(5)] + ["pair-a", "pair-b"])
     assert len(backend.runs) == 2
     # The thread delivers a dispatch's results before it clears its busy flag.
-    await until(lambda: not batcher.stats().dispatching)
-    stats = batcher.stats()
+    await until(lambda: not queue.stats().dispatching)
+    stats = queue.stats()
     assert stats.dispatches == 2 and stats.max_batch_size_seen == 7
-    await close(batcher)
+    await close(queue)
 
 
 async def test_what_does_not_fit_goes_in_the_dispatch_after_without_waiting():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_batch_size=3, max_wait_ms=60_000)  # a long optional wait, on a frozen clock
-    blocker = await hold_busy(backend, batcher, size=3)  # a full dispatch: it leaves without the wait
-    waiting = [asyncio.create_task(batcher.submit([f"i{i}"])) for i in range(7)]
-    await until(lambda: batcher.stats().queue_items == 7)
+    queue = make(backend, max_batch_size=3, max_wait_ms=60_000)  # a long optional wait, on a frozen clock
+    blocker = await hold_busy(backend, queue, size=3)  # a full dispatch: it leaves without the wait
+    waiting = [asyncio.create_task(queue.submit([f"i{i}"])) for i in range(7)]
+    await until(lambda: queue.stats().queue_items == 7)
     backend.gate.set()
     outputs = await asyncio.wait_for(asyncio.gather(blocker, *waiting), 5)
     assert [o[0] for o in outputs[1:]] == [f"I{i}" for i in range(7)]
     assert backend.runs == [["block"] * 3, ["i0", "i1", "i2"], ["i3", "i4", "i5"], ["i6"]]  # FIFO, 3 at most
-    await close(batcher)
+    await close(queue)
 
 
 async def test_the_optional_max_wait_holds_an_idle_model_for_company():
     backend = FakeBackend(padding_free=True)
     clock = FakeClock()
-    batcher = make(backend, clock, max_wait_ms=50, max_batch_size=64)
-    first = asyncio.create_task(batcher.submit(["aa"]))
-    await until(lambda: batcher.stats().queue_items == 1)
-    await asyncio.sleep(0.2)  # real time passes, the batcher's clock does not
-    assert backend.runs == [] and batcher.stats().queue_items == 1
-    second = asyncio.create_task(batcher.submit(["bb"]))
-    await until(lambda: batcher.stats().queue_items == 2)
+    queue = make(backend, clock, max_wait_ms=50, max_batch_size=64)
+    first = asyncio.create_task(queue.submit(["aa"]))
+    await until(lambda: queue.stats().queue_items == 1)
+    await asyncio.sleep(0.2)  # real time passes, the queue's clock does not
+    assert backend.runs == [] and queue.stats().queue_items == 1
+    second = asyncio.create_task(queue.submit(["bb"]))
+    await until(lambda: queue.stats().queue_items == 2)
     clock.advance(0.05)
     assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [["AA"], ["BB"]]
     assert backend.runs == [["aa", "bb"]]
-    await close(batcher)
+    await close(queue)
 
 
 async def test_a_full_dispatch_leaves_without_the_optional_wait():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_wait_ms=60_000, max_batch_size=3)  # frozen clock: only fullness lets it go
-    outputs = await asyncio.wait_for(asyncio.gather(*(batcher.submit([f"i{i}"]) for i in range(3))), 5)
+    queue = make(backend, max_wait_ms=60_000, max_batch_size=3)  # frozen clock: only fullness lets it go
+    outputs = await asyncio.wait_for(asyncio.gather(*(queue.submit([f"i{i}"]) for i in range(3))), 5)
     assert [o[0] for o in outputs] == ["I0", "I1", "I2"]
     assert backend.runs == [["i0", "i1", "i2"]]
-    await close(batcher)
+    await close(queue)
 
 
 async def test_each_caller_gets_its_own_outputs_in_its_own_order():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend)
-    blocker = await hold_busy(backend, batcher)
+    queue = make(backend)
+    blocker = await hold_busy(backend, queue)
     inputs = [[f"r{r}-{i}" + "x" * ((r * 7 + i * 3) % 9) for i in range(r % 4 + 1)] for r in range(12)]
-    tasks = [asyncio.create_task(batcher.submit(items)) for items in inputs]
-    await until(lambda: batcher.stats().queue_requests == 12)
+    tasks = [asyncio.create_task(queue.submit(items)) for items in inputs]
+    await until(lambda: queue.stats().queue_requests == 12)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert outputs == [[item.upper() for item in items] for items in inputs]
     assert len(backend.runs) == 2 and len(backend.runs[1]) == sum(map(len, inputs))  # all in one run
     await blocker
-    await close(batcher)
+    await close(queue)
 
 
 async def test_concurrent_requests_are_batched_up_to_max_batch_size():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_batch_size=4)
-    blocker = await hold_busy(backend, batcher)
-    tasks = [asyncio.create_task(batcher.submit([f"item{i}"])) for i in range(10)]
-    await until(lambda: batcher.stats().queue_items == 10)
+    queue = make(backend, max_batch_size=4)
+    blocker = await hold_busy(backend, queue)
+    tasks = [asyncio.create_task(queue.submit([f"item{i}"])) for i in range(10)]
+    await until(lambda: queue.stats().queue_items == 10)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [f"ITEM{i}" for i in range(10)]
     assert [len(run) for run in backend.runs] == [1, 4, 4, 2]
     await blocker
-    stats = batcher.stats()
+    stats = queue.stats()
     assert stats.items == 11 and stats.max_batch_size_seen == 4 and stats.mean_batch_size > 1
-    await close(batcher)
+    await close(queue)
 
 
 async def test_max_batch_tokens_bounds_the_work_of_a_dispatch():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_batch_size=100, max_batch_tokens=20)
-    blocker = await hold_busy(backend, batcher)
+    queue = make(backend, max_batch_size=100, max_batch_tokens=20)
+    blocker = await hold_busy(backend, queue)
     items = ["a" * 8, "b" * 8, "c" * 8, "d" * 8, "e" * 30]
-    tasks = [asyncio.create_task(batcher.submit([item])) for item in items]
-    await until(lambda: batcher.stats().queue_items == 5)
+    tasks = [asyncio.create_task(queue.submit([item])) for item in items]
+    await until(lambda: queue.stats().queue_items == 5)
     backend.gate.set()
     outputs = await asyncio.gather(*tasks)
     assert [o[0] for o in outputs] == [item.upper() for item in items]
     assert backend.runs[1:] == [["a" * 8, "b" * 8], ["c" * 8, "d" * 8], ["e" * 30]]  # an oversized item goes alone
     await blocker
-    await close(batcher)
+    await close(queue)
 
 
-async def test_runs_on_the_batcher_thread_never_on_the_event_loop():
+async def test_runs_on_the_queue_thread_never_on_the_event_loop():
     backend = FakeBackend()
-    batcher = make(backend)
-    await batcher.submit(["x"])
-    assert backend.threads == {"batch-fake"}
-    await close(batcher)
+    queue = make(backend)
+    await queue.submit(["x"])
+    assert backend.threads == {"oneshot-fake"}
+    await close(queue)
 
 
 def test_choose_dispatch_ranks_by_aged_priority_then_arrival():
@@ -275,34 +275,34 @@ def test_choose_dispatch_ranks_by_aged_priority_then_arrival():
 
 async def test_higher_priority_goes_first():
     backend = FakeBackend()
-    batcher = make(backend, max_batch_size=1)
-    blocker = await hold_busy(backend, batcher)
-    low = [asyncio.create_task(batcher.submit([f"low{i}"], priority=2.0)) for i in range(3)]
-    await until(lambda: batcher.stats().queue_items == 3)
-    high = asyncio.create_task(batcher.submit(["high"], priority=0.0))
-    await until(lambda: batcher.stats().queue_items == 4)
+    queue = make(backend, max_batch_size=1)
+    blocker = await hold_busy(backend, queue)
+    low = [asyncio.create_task(queue.submit([f"low{i}"], priority=2.0)) for i in range(3)]
+    await until(lambda: queue.stats().queue_items == 3)
+    high = asyncio.create_task(queue.submit(["high"], priority=0.0))
+    await until(lambda: queue.stats().queue_items == 4)
     backend.gate.set()
     await asyncio.gather(blocker, high, *low)
     order = [run[0] for run in backend.runs]
     assert order[:2] == ["block", "high"]
     assert order[2:] == ["low0", "low1", "low2"]  # FIFO within a priority
-    await close(batcher)
+    await close(queue)
 
 
 async def test_waiting_ages_so_low_priority_is_not_starved():
     backend = FakeBackend()
     clock = FakeClock()
-    batcher = make(backend, clock, max_batch_size=1, aging_s=0.05)
-    blocker = await hold_busy(backend, batcher)
-    old = asyncio.create_task(batcher.submit(["old"], priority=2.0))
-    await until(lambda: batcher.stats().queue_items == 1)
+    queue = make(backend, clock, max_batch_size=1, aging_s=0.05)
+    blocker = await hold_busy(backend, queue)
+    old = asyncio.create_task(queue.submit(["old"], priority=2.0))
+    await until(lambda: queue.stats().queue_items == 1)
     clock.advance(0.3)  # 6 aging periods: now better than a fresh 0
-    fresh = asyncio.create_task(batcher.submit(["fresh"], priority=0.0))
-    await until(lambda: batcher.stats().queue_items == 2)
+    fresh = asyncio.create_task(queue.submit(["fresh"], priority=0.0))
+    await until(lambda: queue.stats().queue_items == 2)
     backend.gate.set()
     await asyncio.gather(blocker, old, fresh)
     assert [run[0] for run in backend.runs] == ["block", "old", "fresh"]
-    await close(batcher)
+    await close(queue)
 
 
 @pytest.mark.parametrize("aging_s", [1.0, 0.0])
@@ -312,14 +312,14 @@ async def test_a_flood_of_higher_priority_cannot_starve_a_low_one(aging_s: float
     dispatches (priority gap / aging + 1), and only aging makes it so."""
     backend = FakeBackend(padding_free=True, stepped=True)
     clock = FakeClock()
-    batcher = make(backend, clock, max_batch_size=2, aging_s=aging_s)
-    tasks = [asyncio.create_task(batcher.submit(["b0"], priority=0.0))]
+    queue = make(backend, clock, max_batch_size=2, aging_s=aging_s)
+    tasks = [asyncio.create_task(queue.submit(["b0"], priority=0.0))]
     assert await started_run(backend) == ["b0"]
-    tasks.append(asyncio.create_task(batcher.submit(["low"], priority=2.0)))
+    tasks.append(asyncio.create_task(queue.submit(["low"], priority=2.0)))
     runs = []
     for k in range(1, 9):
-        tasks += [asyncio.create_task(batcher.submit([f"h{k}{x}"], priority=0.0)) for x in "ab"]
-        await until(lambda k=k: batcher.stats().requests == 2 + 2 * k)
+        tasks += [asyncio.create_task(queue.submit([f"h{k}{x}"], priority=0.0)) for x in "ab"]
+        await until(lambda k=k: queue.stats().requests == 2 + 2 * k)
         clock.advance(1.0)
         backend.permits.release()  # type: ignore[union-attr]
         runs.append(await started_run(backend))
@@ -332,19 +332,19 @@ async def test_a_flood_of_higher_priority_cannot_starve_a_low_one(aging_s: float
     for _ in range(len(tasks)):
         backend.permits.release()  # type: ignore[union-attr]
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    await close(batcher)
+    await close(queue)
 
 
 # ---- grouping ------------------------------------------------------------------------------
 
 
 async def submit_while_busy(
-    backend: FakeBackend, batcher: Batcher[str, str], requests: list[list[str]]
+    backend: FakeBackend, queue: OneShotQueue[str, str], requests: list[list[str]]
 ) -> list[list[str] | BaseException]:
     """Submit `requests` while the model is busy, so they share the next dispatch."""
-    blocker = await hold_busy(backend, batcher)
-    tasks = [asyncio.create_task(batcher.submit(items)) for items in requests]
-    await until(lambda: batcher.stats().queue_requests == len(requests))
+    blocker = await hold_busy(backend, queue)
+    tasks = [asyncio.create_task(queue.submit(items)) for items in requests]
+    await until(lambda: queue.stats().queue_requests == len(requests))
     backend.gate.set()
     await blocker
     backend.runs.remove(["block"])
@@ -356,35 +356,35 @@ async def test_length_grouping_lowers_the_padding_ratio():
     ratios = {}
     for by_length in (True, False):
         backend = FakeBackend()
-        batcher = make(backend, max_batch_size=16, group_by_length=by_length)
-        outputs = await submit_while_busy(backend, batcher, [["z" * n] for n in sizes])
+        queue = make(backend, max_batch_size=16, group_by_length=by_length)
+        outputs = await submit_while_busy(backend, queue, [["z" * n] for n in sizes])
         assert [len(o[0]) for o in outputs] == sizes  # type: ignore[index]
-        stats = batcher.stats()
+        stats = queue.stats()
         ratios[by_length] = stats.padded_size / (stats.real_size - len("block"))  # "block" ran alone
-        await close(batcher)
+        await close(queue)
     assert ratios[True] < 0.25 < ratios[False]
 
 
 async def test_padding_free_backends_report_no_padding_and_get_one_run():
     backend = FakeBackend(padding_free=True)
-    batcher = make(backend, max_batch_size=8)
-    await submit_while_busy(backend, batcher, [["z" * n] for n in (3, 40, 4, 38)])
+    queue = make(backend, max_batch_size=8)
+    await submit_while_busy(backend, queue, [["z" * n] for n in (3, 40, 4, 38)])
     assert len(backend.runs) == 1
     assert [len(i) for i in backend.runs[0]] == [3, 4, 38, 40]  # still sorted by length
-    assert batcher.stats().padding_ratio == 0.0
-    await close(batcher)
+    assert queue.stats().padding_ratio == 0.0
+    await close(queue)
 
 
 async def test_items_with_different_keys_never_share_a_run():
     backend = FakeBackend(padding_free=True, keyed=True)
-    batcher = make(backend)
+    queue = make(backend)
     items = ["apple", "banana", "avocado", "blueberry", "cherry"]
-    outputs = await submit_while_busy(backend, batcher, [[item] for item in items])
+    outputs = await submit_while_busy(backend, queue, [[item] for item in items])
     assert [o[0] for o in outputs] == [i.upper() for i in items]  # type: ignore[index]
     for run in backend.runs:
         assert len({item[0] for item in run}) == 1
     assert sorted(map(len, backend.runs)) == [1, 2, 2]
-    await close(batcher)
+    await close(queue)
 
 
 # ---- errors and limits ----------------------------------------------------------------------
@@ -392,74 +392,74 @@ async def test_items_with_different_keys_never_share_a_run():
 
 async def test_a_failing_batch_fails_only_its_callers():
     backend = FakeBackend(padding_free=True, keyed=True)
-    batcher = make(backend)
+    queue = make(backend)
     results = await submit_while_busy(
-        backend, batcher, [["x-boom", "x-two"], ["x-three"], ["y-fine"], ["z-fine", "z-too"]]
+        backend, queue, [["x-boom", "x-two"], ["x-three"], ["y-fine"], ["z-fine", "z-too"]]
     )
     assert isinstance(results[0], BackendError) and "exploded" in results[0].message
     assert isinstance(results[1], BackendError)  # shared the failing run
     assert results[2] == ["Y-FINE"]
     assert results[3] == ["Z-FINE", "Z-TOO"]
-    assert batcher.stats().errors == 2
-    assert await batcher.submit(["x-again"]) == ["X-AGAIN"]  # and the batcher goes on
-    await close(batcher)
+    assert queue.stats().errors == 2
+    assert await queue.submit(["x-again"]) == ["X-AGAIN"]  # and the queue goes on
+    await close(queue)
 
 
 async def test_a_full_queue_is_a_503_with_retry_after():
     backend = FakeBackend()
-    batcher = make(backend, max_batch_size=1, max_queue=2)
-    running = await hold_busy(backend, batcher)
-    waiting = [asyncio.create_task(batcher.submit([f"w{i}"])) for i in range(2)]
-    await until(lambda: batcher.stats().queue_requests == 2)
+    queue = make(backend, max_batch_size=1, max_queue=2)
+    running = await hold_busy(backend, queue)
+    waiting = [asyncio.create_task(queue.submit([f"w{i}"])) for i in range(2)]
+    await until(lambda: queue.stats().queue_requests == 2)
     with pytest.raises(QueueFullError) as info:
-        await batcher.submit(["one too many"])
+        await queue.submit(["one too many"])
     assert info.value.status == 503 and info.value.retry_after_s >= 1 and "limit 2" in info.value.message
-    assert batcher.stats().rejected == 1
+    assert queue.stats().rejected == 1
     backend.gate.set()
     await asyncio.gather(running, *waiting)
-    await close(batcher)
+    await close(queue)
 
 
 async def test_a_cancelled_caller_s_items_are_dropped():
     backend = FakeBackend()
-    batcher = make(backend, max_batch_size=1)
-    running = await hold_busy(backend, batcher)
-    gone = asyncio.create_task(batcher.submit(["gone1", "gone2"]))
-    stays = asyncio.create_task(batcher.submit(["stays"]))
-    await until(lambda: batcher.stats().queue_requests == 2)
+    queue = make(backend, max_batch_size=1)
+    running = await hold_busy(backend, queue)
+    gone = asyncio.create_task(queue.submit(["gone1", "gone2"]))
+    stays = asyncio.create_task(queue.submit(["stays"]))
+    await until(lambda: queue.stats().queue_requests == 2)
     gone.cancel()
     await until(gone.done)
     backend.gate.set()
     assert await stays == ["STAYS"]
     await running
     assert all("gone" not in item for run in backend.runs for item in run)
-    assert batcher.stats().queue_requests == 0
-    await close(batcher)
+    assert queue.stats().queue_requests == 0
+    await close(queue)
 
 
 async def test_closing_fails_waiting_callers_and_refuses_new_ones():
     backend = FakeBackend()
-    batcher = make(backend, max_batch_size=1)
-    running = await hold_busy(backend, batcher)
-    waiting = asyncio.create_task(batcher.submit(["waits"]))
-    await until(lambda: batcher.stats().queue_requests == 1)
-    closing = asyncio.create_task(asyncio.to_thread(batcher.close, 10))
-    await until(lambda: batcher._stopping)  # close() has begun: what waits now is not dispatched
+    queue = make(backend, max_batch_size=1)
+    running = await hold_busy(backend, queue)
+    waiting = asyncio.create_task(queue.submit(["waits"]))
+    await until(lambda: queue.stats().queue_requests == 1)
+    closing = asyncio.create_task(asyncio.to_thread(queue.close, 10))
+    await until(lambda: queue._stopping)  # close() has begun: what waits now is not dispatched
     backend.gate.set()
     await closing
     assert await running == ["BLOCK"]  # the running group finishes
     with pytest.raises(EngineStoppedError):
         await waiting
     with pytest.raises(EngineStoppedError):
-        await batcher.submit(["late"])
-    assert not batcher.alive
+        await queue.submit(["late"])
+    assert not queue.alive
 
 
 async def test_stats_has_what_the_dashboard_reads():
     backend = FakeBackend()
-    batcher = make(backend)
-    await asyncio.gather(batcher.submit(["aa", "a"]), batcher.submit(["aaaa"]))
-    stats = batcher.stats()
+    queue = make(backend)
+    await asyncio.gather(queue.submit(["aa", "a"]), queue.submit(["aaaa"]))
+    stats = queue.stats()
     for key in (
         "backend",
         "device",
@@ -484,13 +484,13 @@ async def test_stats_has_what_the_dashboard_reads():
         assert hasattr(stats, key), key
     assert stats.requests == 2 and stats.items == 3 and stats.in_flight == 0
     assert (stats.backend, stats.device, stats.max_wait_ms) == ("fake", "CPU", 0.0)
-    await close(batcher)
+    await close(queue)
 
 
 async def test_adaptive_threads_follow_the_cpu_reading_between_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--threads auto: before a run, the batcher sets the backend's threads to
+    """--threads auto: before a run, the queue sets the backend's threads to
     the cores other programs leave free (engine/threads.py), on its thread."""
-    from localserve.engine import batcher as batcher_module
+    from localserve.engine import oneshot_queue as queue_module
     from localserve.engine import threads as threads_module
 
     class Reading:
@@ -511,16 +511,16 @@ async def test_adaptive_threads_follow_the_cpu_reading_between_runs(monkeypatch:
             self.counts.append((threads, threading.current_thread().name))
 
     reading = Reading()
-    monkeypatch.setattr(batcher_module, "shared_cpu_use", lambda: reading)
+    monkeypatch.setattr(queue_module, "shared_cpu_use", lambda: reading)
     monkeypatch.setattr(threads_module, "TICK_S", 0.0)
     monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 2)
     backend = Threaded()
-    batcher = Batcher("fake", backend, BatcherConfig(), adaptive_threads=True)
-    assert await batcher.submit(["a"]) == ["A"]
+    queue = OneShotQueue("fake", backend, OneShotQueueConfig(), adaptive_threads=True)
+    assert await queue.submit(["a"]) == ["A"]
     reading.busy = 0.0
-    assert await batcher.submit(["b"]) == ["B"]
-    await close(batcher)
-    assert backend.counts == [(1, "batch-fake"), (2, "batch-fake")]
-    fixed = Batcher("fixed", Threaded(), BatcherConfig())
+    assert await queue.submit(["b"]) == ["B"]
+    await close(queue)
+    assert backend.counts == [(1, "oneshot-fake"), (2, "oneshot-fake")]
+    fixed = OneShotQueue("fixed", Threaded(), OneShotQueueConfig())
     assert fixed.threads is None
     await close(fixed)
