@@ -45,7 +45,7 @@ from localserve.api.openai import audio, batches, embeddings, rerank, responses
 from localserve.api.openai.batch_service import JOBS
 from localserve.api.openai.chat import chat_completions
 from localserve.api.openai.completions import completions
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.security import cors_middleware, cors_response_headers, host_middleware
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState, engine_of
 from localserve.config import ServerSettings
@@ -60,7 +60,6 @@ from localserve.serving.prompts import TemplateCache
 
 log = logging.getLogger(__name__)
 
-API_PREFIXES = ("/v1", "/api/v1")
 #: Set by `localserve serve`: a start-up model that fails to load stops the
 #: loading (the server then exits with that one line); unset, the server
 #: goes on without it and /health says why.

@@ -1,5 +1,3 @@
 """What the embeddings and audio routes share: their route prefixes."""
 
 from __future__ import annotations
-
-PREFIXES = ("/v1", "/api/v1")

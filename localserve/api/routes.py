@@ -22,6 +22,9 @@ from pydantic import BaseModel
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+#: Where the OpenAI-shaped routes answer: OpenAI's `/v1` and Lemonade's `/api/v1`.
+API_PREFIXES = ("/v1", "/api/v1")
+
 #: The 200 of llama-server's native routes that answer a list for a list of prompts or inputs
 OBJECT_OR_LIST: Mapping[str, Any] = {"type": ["object", "array"]}
 

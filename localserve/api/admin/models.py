@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from localserve.api.admin.pulls import PULLS, Line, delete_files, stream_pull
 from localserve.api.middleware import parse_body
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.state import REGISTRY
 from localserve.errors import LocalServeError
 from localserve.models.catalog import ModelOptions
@@ -74,7 +74,7 @@ def register(app: web.Application) -> None:
         Route("POST", "/api/v1/load", load_model, LoadRequest),
         Route("GET", "/api/v1/loaded", loaded_models),
     )
-    for prefix in ("/v1", "/api/v1"):
+    for prefix in API_PREFIXES:
         # Any characters ('/' and newlines too): every bad id reaches the handler and its 400, not the router's 404.
         add_routes(app, Route("DELETE", prefix + r"/models/{model_id:[\s\S]+}", delete_model))
     ollama_admin.register(app)

@@ -31,7 +31,7 @@ from localserve.api.anthropic.request import CountTokensRequest, MessagesRequest
 from localserve.api.doc_models import AnthropicMessage, TokenCount
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import ErrorShape, error_response, parse_body
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError, QueueFullError
 from localserve.serving.answer import Answer
@@ -49,7 +49,6 @@ from localserve.serving.types import (
     Usage,
 )
 
-PREFIXES = ("/v1", "/api/v1")
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -65,7 +64,7 @@ OVERLOADED = 529  # Anthropic's status for "overloaded, retry later"
 
 def register(app: web.Application) -> None:
     """Add the Messages routes (give the app's error middleware `ERROR_SHAPE` too)."""
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(
             app,
             Route("POST", f"{prefix}/messages", create_message, MessagesRequest, AnthropicMessage),
@@ -74,7 +73,7 @@ def register(app: web.Application) -> None:
 
 
 def is_messages_path(path: str) -> bool:
-    return any(path == f"{p}/messages" or path.startswith(f"{p}/messages/") for p in PREFIXES)
+    return any(path == f"{p}/messages" or path.startswith(f"{p}/messages/") for p in API_PREFIXES)
 
 
 def error_body(exc: LocalServeError) -> dict[str, Any]:

@@ -14,8 +14,7 @@ from aiohttp import BodyPartReader, web
 from localserve.api.doc_models import SPEECH_FORM, SPEECH_TYPES
 from localserve.api.hosting import RequestModels
 from localserve.api.multipart import malformed_multipart_is_400
-from localserve.api.oneshot import PREFIXES
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.state import SETTINGS
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
@@ -47,7 +46,7 @@ class SpeechForm:
 
 def register(app: web.Application) -> None:
     """Add the audio routes to `app`."""
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(
             app,
             Route("POST", f"{prefix}/audio/transcriptions", transcriptions, form=SPEECH_FORM, media_types=SPEECH_TYPES),

@@ -21,10 +21,9 @@ from localserve.api.admin.stats import set_batches_provider
 from localserve.api.middleware import parse_body
 from localserve.api.openai import files
 from localserve.api.openai.batch_service import JOBS, BatchService, jobs_of
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.jobs.types import BATCH_ENDPOINTS, COMPLETION_WINDOWS
 
-PREFIXES = ("/v1", "/api/v1")
 MAX_METADATA_KEYS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 16, 64, 512
 
 
@@ -66,7 +65,7 @@ class CreateBatchRequest(BaseModel):
 def register(app: web.Application) -> None:
     """Add the Files and Batch routes, the runner's lifecycle and the stats hook."""
     service = app[JOBS] = BatchService(app)
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(
             app,
             Route("POST", f"{prefix}/batches", create_batch, CreateBatchRequest),

@@ -9,14 +9,13 @@ from aiohttp import web
 from localserve.api.doc_models import EmbeddingList
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.serving.openai.embeddings import EmbeddingRequest, answer
 
 
 def register(app: web.Application) -> None:
     """Add the embeddings routes to `app`."""
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(app, Route("POST", f"{prefix}/embeddings", create_embeddings, EmbeddingRequest, EmbeddingList))
 
 

@@ -24,7 +24,7 @@ from aiohttp import BodyPartReader, web
 from localserve.api.doc_models import UPLOAD_FORM
 from localserve.api.multipart import malformed_multipart_is_400
 from localserve.api.openai.batch_service import jobs_of
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.state import SETTINGS
 from localserve.disk import is_storage_error, storage_error
 from localserve.errors import InvalidRequestError, PayloadTooLargeError
@@ -33,7 +33,6 @@ from localserve.jobs.types import UPLOAD_PURPOSES
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PREFIXES = ("/v1", "/api/v1")
 MAX_FIELD_BYTES = 1024  # a form field other than the file
 FORM_HELP = "Upload a file as multipart/form-data with the fields 'file' and 'purpose'."
 WRITE_CHUNK = 1 << 20
@@ -41,7 +40,7 @@ MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
 
 
 def register(app: web.Application) -> None:
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(
             app,
             Route("POST", f"{prefix}/files", upload_file, form=UPLOAD_FORM),

@@ -9,8 +9,7 @@ from aiohttp import web
 from localserve.api.doc_models import Classifications, RerankResults, Scores
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.oneshot import PREFIXES
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.serving.openai.rerank import ClassifyBody, RerankRequest, ScoreRequest, classify_texts, rerank, score
 
 #: Rerank's paths beside the prefixed ones: llama-server's `/rerank`, Cohere's `/v2/rerank`.
@@ -19,9 +18,9 @@ RERANK_ALIASES = ("/rerank", "/v2/rerank")
 
 def register(app: web.Application) -> None:
     """Add the rerank, score and classify routes to `app`."""
-    rerank_paths = [f"{prefix}/rerank" for prefix in PREFIXES] + list(RERANK_ALIASES)
+    rerank_paths = [f"{prefix}/rerank" for prefix in API_PREFIXES] + list(RERANK_ALIASES)
     add_routes(app, *(Route("POST", path, rerank_documents, RerankRequest, RerankResults) for path in rerank_paths))
-    for prefix in PREFIXES:
+    for prefix in API_PREFIXES:
         add_routes(
             app,
             Route("POST", f"{prefix}/score", score_pairs, ScoreRequest, Scores),

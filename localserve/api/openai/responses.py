@@ -27,7 +27,7 @@ from aiohttp import web
 from localserve.api.doc_models import ResponseObject as ResponseDoc
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
-from localserve.api.routes import Route, add_routes
+from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError
 from localserve.serving.openai.responses import (
@@ -54,7 +54,7 @@ from localserve.serving.types import (
 
 
 def register(app: web.Application) -> None:
-    for prefix in ("/v1", "/api/v1", ""):  # "": llama-server's unprefixed route
+    for prefix in (*API_PREFIXES, ""):  # "": llama-server's unprefixed route
         add_routes(app, Route("POST", f"{prefix}/responses", create_response, ResponsesRequest, ResponseDoc))
 
 
