@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-BAR_WIDTH = 30
+from localserve.cli.progress import ProgressLine, bar
 
 
 def add_convert_command(subparsers: Any) -> None:
@@ -62,46 +62,40 @@ def cmd_convert(args: argparse.Namespace) -> int:
             "`convert` turns sentence-transformers folders into GGUF, ONNX or OpenVINO IR"
         )
     started = time.monotonic()
-    bar = ProgressBar(f"converting {spec.model_id}", sys.stderr)
+    progress = ConversionProgress(f"converting {spec.model_id}", sys.stderr)
     if args.out_format == "onnx":
         from localserve.models.catalog import catalog_variant
         from localserve.models.convert.bert_onnx import cached_onnx
 
         variant = args.graph or catalog_variant(spec.model_id) or "fused"
-        path = cached_onnx(spec.path, spec.model_id, variant=variant, force=args.force, progress=bar)
+        path = cached_onnx(spec.path, spec.model_id, variant=variant, force=args.force, progress=progress)
     elif args.out_format == "openvino":
         from localserve.models.convert.bert_openvino import cached_openvino_embeddings
 
-        path = cached_openvino_embeddings(spec.path, spec.model_id, force=args.force, progress=bar)
+        path = cached_openvino_embeddings(spec.path, spec.model_id, force=args.force, progress=progress)
     else:
-        path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=bar)
-    bar.finish(path, time.monotonic() - started)
+        path = cached_gguf(spec.path, spec.model_id, out_type=args.out_type, force=args.force, progress=progress)
+    progress.report(path, time.monotonic() - started)
     print(path)
     return 0
 
 
-class ProgressBar:
-    """`label [#####-----] 12/101 blk.1.attn_q.weight` on one line of `out`."""
+class ConversionProgress(ProgressLine):
+    """`label [#####-----] 12/101 blk.1.attn_q.weight` (cli/progress.py)."""
 
     def __init__(self, label: str, out: TextIO) -> None:
+        super().__init__(out)
         self.label = label
-        self.out = out
         self.called = False
-        self.interactive = out.isatty()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         self.called = True
-        filled = BAR_WIDTH * done // max(1, total)
-        line = f"{self.label} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {done}/{total} {stage}"
-        if self.interactive:
-            self.out.write("\r\x1b[K" + line)
-        elif stage == "done" or done % max(1, total // 4) == 0:
-            self.out.write(line + "\n")
-        self.out.flush()
+        fraction = done / max(1, total)
+        self.show("", 1.0 if stage == "done" else fraction, f"{self.label} {bar(fraction)} {done}/{total} {stage}")
 
-    def finish(self, path: Path, seconds: float) -> None:
-        if self.interactive and self.called:
-            self.out.write("\n")
+    def report(self, path: Path, seconds: float) -> None:
+        """The last line: converted (or already so) and the size."""
+        self.finish()
         weights = path.with_suffix(".bin") if path.suffix == ".xml" else path  # OpenVINO IR: weights in the .bin
         size = (path.stat().st_size + (weights.stat().st_size if weights != path else 0)) / 1e6
         note = f"converted in {seconds:.1f} s" if self.called else "already converted"

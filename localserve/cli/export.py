@@ -40,20 +40,25 @@ def add_export_command(subparsers: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from localserve.cli.convert import ProgressBar
+    from localserve.cli.convert import ConversionProgress
     from localserve.models.convert.export import FORMATS, export_model
     from localserve.models.registry import resolve
 
     spec = resolve(args.model)
     formats = FORMATS if args.formats == "both" else (args.formats,)
-    bar = ProgressBar(f"exporting {spec.model_id}", sys.stderr)
+    progress = ConversionProgress(f"exporting {spec.model_id}", sys.stderr)
     started = time.monotonic()
     paths = export_model(
-        spec.path, spec.model_id, formats, precision=args.precision, store=args.output, force=args.force, progress=bar
+        spec.path,
+        spec.model_id,
+        formats,
+        precision=args.precision,
+        store=args.output,
+        force=args.force,
+        progress=progress,
     )
-    if bar.interactive and bar.called:
-        sys.stderr.write("\n")
-    note = f"exported in {time.monotonic() - started:.0f} s" if bar.called else "already exported"
+    progress.finish()
+    note = f"exported in {time.monotonic() - started:.0f} s" if progress.called else "already exported"
     sys.stderr.write(f"model {spec.model_id}: {note}\n")
     for fmt in formats:
         print(f"{fmt}\t{paths[fmt]}")

@@ -11,11 +11,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from localserve.cli.progress import ProgressLine, bar
 from localserve.errors import LocalServeError
 from localserve.models.policy import parse_keep_alive, parse_max_loaded_models
-
-BAR_WIDTH = 24
-
 
 # ---- option converters for `serve` ------------------------------------------------------
 
@@ -66,14 +64,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from localserve.models.store.discovery import set_alias
 
     plan = plan_pull(args.model)
-    bar = ProgressBar(sys.stderr, quiet=args.quiet)
+    progress = DownloadProgress(sys.stderr, quiet=args.quiet)
     try:
-        result = pull(plan, progress=bar.update, force=args.force)
+        result = pull(plan, progress=progress.update, force=args.force)
     except KeyboardInterrupt:
-        bar.finish()
+        progress.finish()
         print(f"interrupted; `localserve pull {args.model}` resumes the download", file=sys.stderr)
         raise
-    bar.finish()
+    progress.finish()
     if args.name:
         set_alias(args.name, result.model_id)
     where = "already here" if result.existed else "pulled"
@@ -81,51 +79,29 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-class ProgressBar:
-    """One line per file on a terminal (redrawn), a few lines otherwise."""
+class DownloadProgress(ProgressLine):
+    """`localserve pull`: one progress line per file (cli/progress.py)."""
 
     def __init__(self, out: TextIO, *, quiet: bool = False) -> None:
-        self.out, self.quiet = out, quiet
-        self.tty = out.isatty()
-        self.open_line = False
-        self.last_quarter: dict[str, int] = {}
+        super().__init__(out)
+        self.quiet = quiet
 
     def update(self, progress: Any) -> None:
         if self.quiet:
             return
         if progress.status == "downloading":
-            self._downloading(progress)
+            p = progress
+            fraction = p.completed / p.total if p.total else 0.0
+            eta = "-" if p.eta_s is None else format_seconds(p.eta_s)
+            text = (
+                f"{p.file} {bar(fraction)} {100 * fraction:5.1f}% "
+                f"{human_bytes(p.completed)}/{human_bytes(p.total)} {human_bytes(p.rate_bytes_per_s)}/s ETA {eta}"
+            )
+            self.show(p.file, fraction, text)
         elif progress.status == "exists":
-            self._line(f"{progress.model_id} is already here; nothing to download (--force downloads it again)")
+            self.line(f"{progress.model_id} is already here; nothing to download (--force downloads it again)")
         elif progress.status == "resolving":
-            self._line(f"resolving {progress.model_id} on the hub")
-
-    def _downloading(self, p: Any) -> None:
-        fraction = p.completed / p.total if p.total else 0.0
-        eta = "-" if p.eta_s is None else format_seconds(p.eta_s)
-        text = (
-            f"{p.file} [{'#' * int(fraction * BAR_WIDTH):<{BAR_WIDTH}}] {100 * fraction:5.1f}% "
-            f"{human_bytes(p.completed)}/{human_bytes(p.total)} {human_bytes(p.rate_bytes_per_s)}/s ETA {eta}"
-        )
-        if self.tty:
-            self.out.write("\r\x1b[K" + text)
-            self.out.flush()
-            self.open_line = True
-            return
-        quarter = int(fraction * 4)
-        if self.last_quarter.get(p.file) != quarter:
-            self.last_quarter[p.file] = quarter
-            self._line(text)
-
-    def _line(self, text: str) -> None:
-        self.finish()
-        print(text, file=self.out, flush=True)
-
-    def finish(self) -> None:
-        if self.open_line:
-            self.out.write("\n")
-            self.out.flush()
-            self.open_line = False
+            self.line(f"resolving {progress.model_id} on the hub")
 
 
 def human_bytes(num: float) -> str:
