@@ -232,13 +232,14 @@ class StepWorker:
             self._hand_over(result)
         except Exception as exc:
             log.exception("step %d failed", plan.step_id)
+            failed = StepResult({}, error=f"the backend failed in this step: {exc}", seconds=time.monotonic() - started)
             try:
                 self.backend.clear_slots(Scheduler.touched_slots(plan))
                 self.backend.release([c.seq_id for c in plan.chunks])
             except BaseException:  # the loop ends; let the step's requests go first
-                self._post(self.scheduler.update(plan, StepResult({}, error=f"the backend failed: {exc}")))
+                self._post(self.scheduler.update(plan, failed))
                 raise
-            return StepResult({}, error=f"the backend failed in this step: {exc}", seconds=time.monotonic() - started)
+            return failed
         return dataclasses.replace(result, seconds=time.monotonic() - started)
 
     def _after_step(self, plan: StepPlan, result: StepResult, events: list[TokenEvent]) -> None:
