@@ -26,9 +26,9 @@ from localserve.backends.constraints import GrammarMatcher, ThinkBudget
 from localserve.engine.types import SamplingParams, TokenLogprob
 from localserve.errors import InvalidRequestError
 
-#: The first spread (in logits) of the candidates around the best token:
-#: e^-16 of the best token's weight. Widened 4x at a time when too narrow.
-_SPREAD = 16.0
+#: The first spread (in logits) of the candidates around the best token,
+#: doubled while too narrow (`_candidates`).
+_SPREAD = 2.0
 
 
 class NumpySampler:
@@ -159,6 +159,13 @@ class NumpySampler:
 
     def _draw(self, row: np.ndarray) -> int:
         p = self.params
+        if p.typical_p >= 1.0 and p.top_p >= 1.0 and p.min_p <= 0.0 and not 0 < p.top_k < row.shape[0]:
+            # no cut: the whole row, in the order it comes (the draw needs none)
+            weights = np.exp((row.astype(np.float64) - float(row.max())) / p.temperature)
+            cumulative = np.cumsum(weights)
+            return int(
+                min(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"), len(row) - 1)
+            )
         if p.typical_p < 1.0:  # its entropy is over every token top_k keeps: no spread
             ids, logits, _ = _candidates(row, p.top_k, 1.0, 0.0)
             ids, logits = _typical(ids, logits, p.typical_p)
@@ -174,38 +181,47 @@ class NumpySampler:
 
 def _candidates(row: np.ndarray, top_k: int, top_p: float, min_p: float) -> tuple[np.ndarray, np.ndarray, float]:
     """The tokens the cuts may keep, best first, with their logits and top_p
-    as a share of their own mass: the
-    `top_k` best when top_k is on, else every token that top_p and min_p can
-    reach (all of them when neither cuts). Found among the tokens within a
-    spread of the best, widened until provably enough: at least top_k of
-    them, or holding top_p of the whole vocabulary's mass and every token
-    min_p allows."""
+    as a share of their own mass: the `top_k` best when top_k is on, else
+    every token that top_p and min_p can reach (all of them when neither
+    cuts). Found among the tokens within a spread of the best logit (one
+    comparison pass over the row), widened until provably enough:
+
+    - top_k: at least top_k of them (top_p is then a share of their mass);
+    - min_p alone decides the rest: it keeps only tokens within -log(min_p)
+      of the best, so that window holds every token top_p and min_p keep
+      (top_p keeping more than the window is cut back by min_p);
+    - top_p alone: the window holds top_p of the whole vocabulary's mass.
+
+    A real model's logits spread wide (a 49k vocabulary had 34k tokens within
+    16 of the best): the first spread is small and doubles, so top_k 40 costs
+    two or three passes, not a partition of the whole row."""
     num = row.shape[0]
     best = float(row.max())
     k = top_k if 0 < top_k < num else num
-    cuts = top_p < 1.0 or min_p > 0.0
+    if k == num and top_p >= 1.0 and min_p <= 0.0:
+        ids = np.arange(num)
+        ids = ids[np.argsort(-row, kind="stable")]
+        return ids, row[ids], 1.0
     total = 0.0
-    if k == num and cuts and top_p < 1.0:
+    if k == num and top_p < 1.0:
         total = float(np.exp(row.astype(np.float64) - best).sum())
-    spread = max(_SPREAD, -math.log(min_p) + 1.0) if min_p > 0.0 else _SPREAD
+    # the min_p window, with a margin for float32 rounding (_keep cuts exactly)
+    window = -math.log(min_p) + 1e-3 if min_p > 0.0 else 0.0
+    spread = window if k == num and min_p > 0.0 else max(_SPREAD, window)
     while True:
-        if k == num and not cuts:
-            ids = np.arange(num)
-        else:
-            ids = np.flatnonzero(row >= best - spread) if spread < math.inf else np.arange(num)
+        ids = np.flatnonzero(row >= best - spread) if spread < math.inf else np.arange(num)
         if k < num:
             if len(ids) >= k:
                 if len(ids) > k:
                     ids = ids[np.argpartition(-row[ids], k - 1)[:k]]
                 break
         elif (
-            not cuts
+            min_p > 0.0
             or spread == math.inf
-            or top_p >= 1.0
             or float(np.exp(row[ids].astype(np.float64) - best).sum()) >= top_p * total
         ):
             break
-        spread = spread * 4 if spread < 1024 else math.inf
+        spread = spread * 2 if spread < 256 else math.inf
     ids = ids[np.argsort(-row[ids], kind="stable")]
     logits = row[ids]
     if k == num and top_p < 1.0 and len(ids) < num:
