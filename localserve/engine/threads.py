@@ -17,9 +17,11 @@ single step:
 - The step times: each step's measured seconds over what the step-time
   model (`engine/step_model.py`) predicts. A switch is a trial: its window's
   ratio is compared with the window before it, and the switch is undone
-  when it made steps slower (`MARGIN`). A window in which the reading moved
-  by half a core or more mixed two conditions: it starts no trial and
-  judges none. An undone switch is not tried again
+  when it made steps slower (`MARGIN`). When the reading moves by half a
+  core or more (a burst starts or ends), the count follows it at once,
+  without a trial: that window mixed two conditions, so nothing is a fair
+  baseline, and a neighbour that comes and goes every few seconds must not
+  wait two windows at each change. An undone switch is not tried again
   for a hold time that doubles up to `MAX_HOLD_S`, unless the other
   programs' use moves by a core. Steps that run much slower than predicted
   with no visible neighbour (`SLOW_RATIO`) try one thread fewer, kept only
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 
 import psutil
 
-TICK_S = 0.25  # a decision window: at least this long ...
+TICK_S = 0.2  # a decision window: at least this long ...
 MIN_STEPS = 3  # ... and this many steps
 MARGIN = 0.10  # a trial switch is undone when its steps run this much slower than before it
 EXPLORE_GAIN = 0.10  # a switch the CPU reading did not suggest is kept only when this much faster
@@ -53,7 +55,7 @@ HOLD_S = 5.0  # an undone switch waits this long before it is tried again (doubl
 MAX_HOLD_S = 60.0  # ... up to this
 MOVED_CORES = 0.5  # a reading this far from the last one means the window mixed two conditions
 GROW_SLACK = 0.3  # one more thread only when its core is at least 70% free
-MIN_SAMPLE_S = 0.2  # CpuUse re-reads the counters at most this often
+MIN_SAMPLE_S = 0.15  # CpuUse re-reads the counters at most this often
 
 
 class CpuUse:
@@ -192,12 +194,17 @@ class ThreadChooser:
         busy = self._busy()
         moved = self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
         self.last_busy_elsewhere, self._read_once = busy, True
-        if self._trial is not None:
-            if not moved:  # else the neighbours changed during the trial: no verdict, the reading decides next
-                self._judge(self._trial, ratio, busy, now)
+        if moved:
+            # The neighbours changed (a build started, a burst ended): follow the
+            # reading at once. No trial: this window mixed two conditions, so no
+            # window is a fair baseline; a switch the next windows find slower
+            # is still caught (SLOW_RATIO), and the next move follows again.
             self._trial = None
+            self._switch(self.suggested(busy))
             return self.threads
-        if moved:  # this window mixed two conditions: compare against a clean one first
+        if self._trial is not None:
+            self._judge(self._trial, ratio, busy, now)
+            self._trial = None
             return self.threads
         target = self.suggested(busy)
         if target != self.threads:

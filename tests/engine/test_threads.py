@@ -209,3 +209,23 @@ def test_follow_reading_applies_the_suggestion_once_a_window() -> None:
     assert chooser.follow_reading() == 1  # within the window: no new reading
     machine.now += TICK_S
     assert chooser.follow_reading() == 2
+
+
+def test_a_bursty_neighbour_is_followed_within_a_window_of_each_change() -> None:
+    """A neighbour that spins 2 s and idles 2 s (bench/busy_desktop.py's
+    bursty load): the count follows each change at once, without a trial,
+    so nearly every step runs on the count its moment calls for."""
+    machine = Machine(cores=2)
+    chooser = machine.attach(2)
+    machine.run(1.0)
+    right = total = 0
+    for burst in range(10):
+        machine.busy = 1.0 if burst % 2 == 0 else 0.0
+        end = machine.now + 2.0
+        while machine.now < end:
+            want = 1 if machine.busy else 2
+            right += chooser.threads == want
+            total += 1
+            machine.run(machine.base / 2)  # one step
+    assert right / total > 0.8, (right, total)
+    assert chooser.switches >= 9
