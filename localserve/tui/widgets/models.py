@@ -57,7 +57,11 @@ class ModelsPanel(Widget):
 
     def show(self, snapshot: Snapshot, focused_model: str) -> None:
         self.snapshot, self.focused_model = snapshot, focused_model
-        self.border_title = f"models: {len(snapshot.models) + len(snapshot.one_shot)}"
+        title = f"models: {len(snapshot.models) + len(snapshot.one_shot)}"
+        fewer = [m for m in snapshot.models if 0 < m.threads < m.max_threads]
+        if fewer:  # in the title, not a line of its own: the request table keeps its rows
+            title += " · " + _threads_note(fewer[0])
+        self.border_title = title
         self.refresh(layout=True)
 
     def render(self) -> RenderableType:
@@ -65,8 +69,7 @@ class ModelsPanel(Widget):
         if snap is None:
             return Text("waiting for the server …", style="dim")
         rows = [self._generative(m) for m in snap.models] + [self._one_shot(m) for m in snap.one_shot]
-        notes = [_threads_note(m) for m in snap.models if 0 < m.threads < m.max_threads]
-        notes += [Text(f"◌ {name} loading …", style="yellow") for name in snap.loading]
+        notes = [Text(f"◌ {name} loading …", style="yellow") for name in snap.loading]
         notes += [Text(f"✖ {name}: {why}", style="red") for name, why in snap.load_errors.items()]
         if not rows:
             return Group(*notes) if notes else Text("no model loaded", style="dim")
@@ -128,11 +131,9 @@ def _threads_cell(m: ModelView) -> Text | str:
     return str(m.threads)
 
 
-def _threads_note(m: ModelView) -> Text:
+def _threads_note(m: ModelView) -> str:
     """Why a model computes on fewer threads than it could."""
-    fewer = m.max_threads - m.threads
-    return Text(
-        f"⚙ CPU busy elsewhere ({m.cpu_busy_elsewhere:.1f} cores): {m.model_id} runs on "
-        f"{m.threads} of {m.max_threads} threads, {fewer} thread{'s' if fewer > 1 else ''} fewer",
-        style="yellow",
+    return (
+        f"CPU busy elsewhere ({m.cpu_busy_elsewhere:.1f} cores): {m.model_id} runs on "
+        f"{m.threads} of {m.max_threads} threads"
     )
