@@ -92,16 +92,22 @@ def busy_desktop() -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     own = data.get("localserve_over_its_quiet", {})
-    for name, result in data["conditions"].items():
+    conditions = [(name, result, "") for name, result in data["conditions"].items()]
+    later = RESULTS / "busy-desktop-bursty.json"  # a rerun of one condition at a later commit
+    if later.exists():
+        rerun = json.loads(later.read_text())
+        conditions += [(name, result, f" at {rerun['commit']}") for name, result in rerun["conditions"].items()]
+    for name, result, at in conditions:
         chosen = result.get("localserve_threads", {})
         for c in result["cells"]:
             ls, ll = c["localserve"], c["llama-server"]
-            of_quiet = own.get(name, {}).get(c["label"])
+            of_quiet = own.get(name, {}).get(c["label"]) if not at else None
+            load = c["loadavg_before"] if c["loadavg_before"] is not None else "-"
             lines.append(
-                f"| {name} | {c['streams']} | {ls['tok_s']:.1f} | {ll['tok_s']:.1f} "
+                f"| {name}{at} | {c['streams']} | {ls['tok_s']:.1f} | {ll['tok_s']:.1f} "
                 f"| **{c['ratio_median']:.2f}** ({c['ratio_min']:.2f}-{c['ratio_max']:.2f}) "
                 f"| {f'{of_quiet:.2f}' if of_quiet is not None else '-'} "
-                f"| {chosen.get('in_use', '?')} of {chosen.get('max', '?')} | {c['loadavg_before']} |"
+                f"| {chosen.get('in_use', '?')} of {chosen.get('max', '?')} | {load} |"
             )
     pairs = len(next(iter(data["conditions"].values()))["cells"][0]["runs"])
     on_s, off_s = data["burst_s"]
@@ -110,7 +116,8 @@ def busy_desktop() -> str:
         f"Commit {data['commit']}, {data['started'][:10]}, {data['cores']} cores, load {data['loadavg_before']} at "
         f"the start; busy: {data['busy_cores']} process(es) spinning; bursty: spinning {on_s:g} s, idle {off_s:g} s; "
         f"{pairs} pairs per cell; {data['settings']}; greedy, 128 tokens. "
-        "Source: `bench/results/busy-desktop.json`."
+        "Source: `bench/results/busy-desktop.json`"
+        + (", and `busy-desktop-bursty.json` for the rows of a later commit." if later.exists() else ".")
     )
     return "\n".join(lines)
 
