@@ -46,9 +46,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _EmptyUndefined(jinja2.ChainableUndefined):
+    """An undefined name, or any attribute of one, renders empty (as in
+    llama.cpp's template engine); what the sandbox refused still fails."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        if self._undefined_exception is jinja2.exceptions.SecurityError:
+            self._fail_with_undefined_error()
+        return ""
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    # As llama.cpp's template engine: {% break %} / {% continue %} (Command R7B,
+    # Command R+), and an undefined name or attribute renders empty (FireFunction
+    # reads `functions` that no request sets) instead of failing the render.
+    env = LimitedSandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        extensions=["jinja2.ext.loopcontrols"],
+        undefined=_EmptyUndefined,
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
