@@ -27,6 +27,8 @@ from localserve.engine.types import FinishReason, GenerateRequest, StepPlan, Ste
 
 log = logging.getLogger(__name__)
 
+TRUSTED_AFTER_STEPS = 50  # steps the step-time model learns from before they choose threads
+
 
 @dataclass(frozen=True, slots=True)
 class _Add:
@@ -258,6 +260,10 @@ class StepWorker:
         CPU other programs take, choose the next step's thread count."""
         assert self.threads is not None
         model = self.scheduler.policy.model
+        if model.num_observations < TRUSTED_AFTER_STEPS:
+            # The step-time model still predicts from its prior (1 ms a token):
+            # every decode looks slow, and a trial judged on that is noise.
+            return
         before = self.threads.threads
         after = self.threads.observe(model.last_measured_s, model.last_predicted_s)
         if after != before:
