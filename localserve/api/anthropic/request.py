@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
-from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
+from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS, Priority
 from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, Tools
 
@@ -97,13 +97,7 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None  # {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}
-    priority: float | str | None = None  # this server's extension
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)  # ValueError -> 400 naming `priority`
-        return value
+    priority: Priority = None  # this server's extension
 
 
 def chat_request(body: CountTokensRequest) -> ChatRequest:

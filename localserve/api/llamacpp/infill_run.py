@@ -9,12 +9,13 @@ import math
 import time
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.llamacpp.bias import LogitBias, reported
 from localserve.engine.backend import Tokenizer
-from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob, parse_priority
+from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
 from localserve.serving.generation import event_error
+from localserve.serving.openai.schemas import Priority
 
 INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
 
@@ -52,13 +53,7 @@ class LlamaParams(BaseModel):
     stream: bool = False
     return_tokens: bool = False
     response_fields: list[str] | None = None
-    priority: float | str | None = None  # this server's extension
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)  # ValueError -> 400 naming `priority`
-        return value
+    priority: Priority = None  # this server's extension
 
     n_probs: int = Field(default=0, ge=0, le=20)
     cache_prompt: bool = True

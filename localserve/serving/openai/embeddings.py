@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from localserve.engine.types import parse_priority
 from localserve.serving.embeddings import EmbeddingsRequest, embed
 from localserve.serving.models import ModelHost
+from localserve.serving.openai.schemas import Priority
 
 MAX_INPUTS = 2048  # as OpenAI
 
@@ -25,7 +26,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
-    priority: float | str | None = None
+    priority: Priority = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -46,12 +47,6 @@ class EmbeddingRequest(BaseModel):
                 raise ValueError("input must not be an empty list")
             if len(value) > MAX_INPUTS and not isinstance(value[0], int):
                 raise ValueError(f"at most {MAX_INPUTS} inputs per request; got {len(value)}")
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)
         return value
 
     def inputs(self) -> list[str | list[int]]:

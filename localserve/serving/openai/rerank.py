@@ -14,6 +14,7 @@ from localserve.engine.types import parse_priority
 from localserve.jobs.types import new_id
 from localserve.serving.models import ModelHost
 from localserve.serving.openai.embeddings import usage_tokens
+from localserve.serving.openai.schemas import Priority
 from localserve.serving.rerank import ClassifyRequest, PairScores, PairsRequest, classify, score_pairs
 
 MAX_DOCUMENTS = 1000  # documents per rerank, pairs per score, inputs per classify
@@ -32,13 +33,7 @@ class _Body(BaseModel):
     #: A text longer than the model reads: cut it (the answer's `meta` names
     #: it), or with false, a 400.
     truncate: bool = True
-    priority: float | str | None = None
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)
-        return value
+    priority: Priority = None
 
 
 class RerankRequest(_Body):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from localserve.engine.types import parse_priority
 from localserve.errors import InvalidRequestError
-from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_TOOLS
+from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_TOOLS, Priority
 from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, OutputFormat, Tools
 from localserve.serving.validation import check_unicode
@@ -95,7 +95,7 @@ class ResponsesRequest(_Model):
     metadata: dict[str, str] | None = None
     user: str | None = None
     seed: int | None = None  # an extension, as on chat completions
-    priority: float | str | None = None  # this server's extension
+    priority: Priority = None  # this server's extension
     reasoning: dict[str, Any] | None = None  # {"effort": "none"} closes a reasoning model's think section
 
     @model_validator(mode="after")
@@ -128,12 +128,6 @@ class ResponsesRequest(_Model):
         if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
             raise InvalidRequestError(f"the function {self.tool_choice.name!r} is not in 'tools'", param="tool_choice")
         return self
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)  # ValueError -> 400 naming `priority`
-        return value
 
 
 # ---- request -> serving ----------------------------------------------------------------

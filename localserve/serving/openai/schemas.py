@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from localserve.engine.types import parse_priority
 from localserve.serving.validation import check_unicode
@@ -21,6 +21,15 @@ MAX_PROMPTS = 256
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+def _checked_priority(value: float | str | None) -> float | str | None:
+    parse_priority(value)  # ValueError -> 400 naming `priority`
+    return value
+
+
+#: This server's `priority` extension (0-10 or a class name), checked as a body is read: every dialect's field
+Priority = Annotated[float | str | None, AfterValidator(_checked_priority)]
 
 
 class _Model(BaseModel):
@@ -178,7 +187,7 @@ class SamplingFields(_Model):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     speculative: bool = True  # false: this request drafts no tokens (speculative decoding, --speculative)
-    priority: float | str | None = None
+    priority: Priority = None
     # llama.cpp's server's own constraints: a JSON schema, or a GBNF (or Lark) grammar
     json_schema: dict[str, Any] | None = None
     grammar: str | None = Field(default=None, min_length=1)
@@ -197,12 +206,6 @@ class SamplingFields(_Model):
     def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _check_priority(cls, value: float | str | None) -> float | str | None:
-        parse_priority(value)  # ValueError -> 400 naming `priority`
         return value
 
     @property
