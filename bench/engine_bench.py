@@ -9,15 +9,20 @@ model, threads and batch sizes:
   step thread + asyncio dispatch), greedy, fixed output length.
 
 Decode tok/s counts only the window where all N sequences are decoding.
+The host's speed drifts by up to 30% within minutes, so each size runs
+`--rounds` pairs, raw and engine alternating which goes first, and reports
+the median of the per-pair ratios and their range.
 
-    python bench/engine_bench.py [--model PATH] [--sizes 1,4,8,16] [--tokens 128]
+    python bench/engine_bench.py [--model PATH] [--sizes 1,4,8,16] [--tokens 128] [--rounds 3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -120,6 +125,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per sequence")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=3, help="raw/engine pairs per size, order alternating")
+    parser.add_argument("--json", default=None, help="also write the result here (e.g. bench/results/engine.json)")
     args = parser.parse_args()
     path = args.model or str(resolve("smollm2-135m-instruct").path)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -129,13 +136,56 @@ def main() -> None:
     config = LlamaCppConfig(model_path=path, n_ctx=n_ctx, parallel=max(sizes), n_threads=args.threads)
     backend = in_own_thread(LlamaCppBackend, config)
     print(f"model {path}\nthreads {args.threads}, prompt {args.prompt_tokens}, generated {args.tokens}\n")
-    print("| seqs | raw llama_decode tok/s | engine tok/s | engine / raw |")
-    print("|---:|---:|---:|---:|")
+    load = os.getloadavg()[0]
+    rows = []
     for n in sizes:
-        raw = in_own_thread(raw_decode_tps, path, n, args.prompt_tokens, args.tokens, args.threads)
-        eng = asyncio.run(engine_decode_tps(backend, n, args.prompt_tokens, args.tokens))
-        print(f"| {n} | {raw:.1f} | {eng:.1f} | {eng / raw:.2f} |", flush=True)
+        pairs = []
+        for r in range(args.rounds):
+            measured = {}
+            for side in ("raw", "engine") if r % 2 == 0 else ("engine", "raw"):
+                if side == "raw":
+                    measured[side] = in_own_thread(
+                        raw_decode_tps, path, n, args.prompt_tokens, args.tokens, args.threads
+                    )
+                else:
+                    measured[side] = asyncio.run(engine_decode_tps(backend, n, args.prompt_tokens, args.tokens))
+            pairs.append(measured)
+            print(
+                f"  {n} seqs, pair {r + 1}: raw {measured['raw']:.1f}, engine {measured['engine']:.1f} tok/s",
+                flush=True,
+            )
+        ratios = [p["engine"] / p["raw"] for p in pairs]
+        rows.append(
+            {
+                "seqs": n,
+                "raw_tps": round(statistics.median(p["raw"] for p in pairs), 1),
+                "engine_tps": round(statistics.median(p["engine"] for p in pairs), 1),
+                "ratio_median": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3),
+                "ratio_max": round(max(ratios), 3),
+            }
+        )
     backend.close()
+    print(f"\n1-minute load {load:.2f} at the start, {args.rounds} alternating pairs per size\n")
+    print("| seqs | raw llama_decode tok/s | engine tok/s | engine / raw (median) | range |")
+    print("|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['seqs']} | {row['raw_tps']} | {row['engine_tps']} | {row['ratio_median']:.2f} "
+            f"| {row['ratio_min']:.2f}-{row['ratio_max']:.2f} |"
+        )
+    if args.json:
+        result = {
+            "kind": "engine_bench",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_before": round(load, 2),
+            "threads": args.threads,
+            "prompt_tokens": args.prompt_tokens,
+            "tokens": args.tokens,
+            "rows": rows,
+        }
+        with open(args.json, "w") as f:
+            f.write(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

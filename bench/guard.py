@@ -15,7 +15,9 @@ then a table of HEAD / BASE tok/s per cell (median of the pairs and their
 range), and exits 1 when a cell's median falls below --threshold (0.95).
 About 4 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
 `--head-threads auto` measures the adaptive thread count against a fixed
-one (`guard.py HEAD --head-threads auto`: the same code on both sides).
+one (`guard.py HEAD --head-threads auto`: the same code on both sides), and
+`--head-env KEY=VALUE` a setting (`guard.py HEAD --head-env
+LOCALSERVE_THREAD_WAIT=default`).
 """
 
 from __future__ import annotations
@@ -61,13 +63,15 @@ def checkout(rev: str) -> tuple[Path, str]:
     return path, sha
 
 
-def serve(tree: Path, args: argparse.Namespace, stack: ExitStack, label: str, threads: str) -> Target:
+def serve(
+    tree: Path, args: argparse.Namespace, stack: ExitStack, label: str, threads: str, extra_env: dict[str, str]
+) -> Target:
     """Start localserve from `tree` on a free port, with its own data directory."""
     port = free_port()
     home = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"guard-{label}-"))
     argv = [sys.executable, "-m", "localserve", "serve", "--port", str(port), "--model", MODEL_ID]
     argv += ["--threads", threads, "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size)]
-    env = {"PYTHONPATH": str(tree), "LOCALSERVE_HOME": home}
+    env = {"PYTHONPATH": str(tree), "LOCALSERVE_HOME": home, **extra_env}
     log = CACHE / "logs" / f"guard-{label}.log"
     stack.enter_context(RunningServer(ServerSpec(label, argv, "/health"), port, log, env, cwd=tree))
     return Target(label, f"http://127.0.0.1:{port}", MODEL_ID)
@@ -88,6 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="--threads of HEAD only, e.g. auto against a fixed BASE (default: --threads)",
     )
+    add(
+        "--head-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of HEAD only, e.g. LOCALSERVE_THREAD_WAIT=default against the same commit (repeatable)",
+    )
     add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
     add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
     add("--json", type=Path, default=None, help="also write the result here (e.g. bench/results/guard-X.json)")
@@ -104,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     load = wait_for_quiet(args.max_wait_quiet)
     print(f"guard: HEAD {head_sha} against BASE {base_sha}; 1-minute load {load:.2f}", flush=True)
     with ExitStack() as stack:
-        head = serve(head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads)
-        base = serve(base_tree, args, stack, f"base-{base_sha}", args.threads)
+        head_env = dict(item.split("=", 1) for item in args.head_env)
+        head = serve(head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads, head_env)
+        base = serve(base_tree, args, stack, f"base-{base_sha}", args.threads, {})
         result = run_pairs(head, base, parse_cells(args.streams, args.temperatures), pairs=args.pairs)
     result.update(
         {
@@ -118,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "threshold": args.threshold,
             "servers": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
             "head_threads": args.head_threads or args.threads,
+            "head_env": args.head_env,
         }
     )
     failing = [c["label"] for c in result["cells"] if c["ratio_median"] < args.threshold]

@@ -57,8 +57,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare_servers import wait_for_quiet  # noqa: E402
-from localserve.engine.backend import OneShotBackend  # noqa: E402
 from localserve.config import ServerSettings  # noqa: E402
+from localserve.engine.backend import OneShotBackend  # noqa: E402
 from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig  # noqa: E402
 from localserve.models.kinds import ModelKind  # noqa: E402
 from localserve.models.oneshot import BATCHING, open_oneshot  # noqa: E402

@@ -18,10 +18,13 @@ single step:
   model (`engine/step_model.py`) predicts. A switch is a trial: its window's
   ratio is compared with the window before it, and the switch is undone
   when it made steps slower (`MARGIN`). When the reading moves by half a
-  core or more (a burst starts or ends), the count follows it at once,
-  without a trial: that window mixed two conditions, so nothing is a fair
+  core or more (a burst starts or ends) to a neighbour that holds a core
+  (`CLEAR_CORE`) or leaves one free, the count follows it at once, without
+  a trial: that window mixed two conditions, so nothing is a fair
   baseline, and a neighbour that comes and goes every few seconds must not
-  wait two windows at each change. An undone switch is not tried again
+  wait two windows at each change. A move to a partial neighbour (the
+  load generator of a benchmark, a browser tab) waits for a clean window
+  and is then a trial like any other. An undone switch is not tried again
   for a hold time that doubles up to `MAX_HOLD_S`, unless the other
   programs' use moves by a core. Steps that run much slower than predicted
   with no visible neighbour (`SLOW_RATIO`) try one thread fewer, kept only
@@ -55,6 +58,7 @@ HOLD_S = 5.0  # an undone switch waits this long before it is tried again (doubl
 MAX_HOLD_S = 60.0  # ... up to this
 MOVED_CORES = 0.5  # a reading this far from the last one means the window mixed two conditions
 GROW_SLACK = 0.3  # one more thread only when its core is at least 70% free
+CLEAR_CORE = 0.8  # a moved reading is followed at once to fewer threads only for neighbours this busy
 MIN_SAMPLE_S = 0.15  # CpuUse re-reads the counters at most this often
 
 
@@ -170,6 +174,12 @@ class ThreadChooser:
             target = more
         return max(1, min(self.max_threads, target))
 
+    def _clearly_free(self, busy_elsewhere: float) -> int:
+        """The thread count when neighbours that hold at least `CLEAR_CORE`
+        of a core count as whole cores (and less as none)."""
+        held = math.floor(busy_elsewhere + 1.0 - CLEAR_CORE)
+        return max(1, min(self.max_threads, self._cores - held))
+
     def follow_reading(self) -> int:
         """The count the CPU reading alone suggests, read at most once a
         window: for work whose runs vary too much in size to judge a switch
@@ -195,12 +205,18 @@ class ThreadChooser:
         moved = self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
         self.last_busy_elsewhere, self._read_once = busy, True
         if moved:
-            # The neighbours changed (a build started, a burst ended): follow the
-            # reading at once. No trial: this window mixed two conditions, so no
-            # window is a fair baseline; a switch the next windows find slower
-            # is still caught (SLOW_RATIO), and the next move follows again.
+            # The neighbours changed (a build started, a burst ended). This window
+            # mixed two conditions, so it is no fair baseline for a trial. A
+            # neighbour that clearly holds (or left) a core is followed at once:
+            # one that comes and goes every few seconds must not wait two windows
+            # at each change, and a switch the next windows find slower is still
+            # caught (SLOW_RATIO). A partial one (a client parsing answers, a
+            # browser tab) is only a suggestion: the next, clean window starts a
+            # trial that the step times judge.
             self._trial = None
-            self._switch(self.suggested(busy))
+            target = self.suggested(busy)
+            if target > self.threads or self._clearly_free(busy) <= target:
+                self._switch(target)
             return self.threads
         if self._trial is not None:
             self._judge(self._trial, ratio, busy, now)

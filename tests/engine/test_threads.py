@@ -134,6 +134,20 @@ def test_a_switch_that_makes_steps_slower_is_undone_and_held_off() -> None:
     assert chooser.switches == switches  # the hold doubled
 
 
+def test_a_partial_neighbour_that_appears_is_a_trial_not_a_blind_follow() -> None:
+    """A reading that jumps from 0 to 0.6 of a core (a benchmark's client
+    parsing answers) whose cores the steps do not actually lose: fewer threads
+    are tried in a clean window, lose, and are undone, instead of being
+    followed at once and kept while the reading stays in the band."""
+    machine = Machine(cores=2, reading=0.0)
+    chooser = machine.attach(2)
+    machine.run(1.0)
+    machine.reading = 0.6  # busy stays 0: two threads still run at quiet speed
+    machine.run(TICK_S * 10)
+    assert chooser.threads == 2
+    assert chooser.switches == 2  # tried 1, lost, undone
+
+
 def test_a_reading_that_moves_by_a_core_ends_a_hold() -> None:
     machine = Machine(cores=4, reading=1.0)
     chooser = machine.attach(4)
