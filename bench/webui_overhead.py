@@ -4,12 +4,16 @@ One `localserve serve` (the default model, --parallel 8) answers 8
 concurrent streams of greedy 128-token chat requests; a run measures the
 aggregate generated tokens per second. Runs alternate: the dashboard open
 in headless Chromium (Debian's chromium through Playwright, the page on
-`/#dashboard`, its stats stream live) against no browser at all; each pair
-gives the ratio open / closed. The machine must be quiet at the start (the
+`/#dashboard`, its stats stream live) against the same page on its models
+view (no stream, nothing redrawn); each pair gives the ratio open / closed. The machine must be quiet at the start (the
 1-minute load average below 0.5, recorded); run it alone:
 
-    /work/bin/cpugate --exclusive .venv/bin/python bench/webui_overhead.py --pairs 4 \\
-        --json bench/results/webui-dashboard-overhead.json
+    .venv/bin/python bench/webui_overhead.py --json bench/results/webui-dashboard-overhead.json
+
+Runs are short (one request per stream) and many (12 pairs), so that the
+host's drift moves both runs of a pair alike. The JSON also records the
+CPU that Chromium takes with the page open and with no page (in cores):
+the cost measured directly, where the throughput ratio is noisy.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -75,32 +81,63 @@ async def measure(url: str, streams: int, max_tokens: int, num_requests: int) ->
         return sum(counts) / (time.perf_counter() - started)
 
 
-def run_pair(url: str, args: argparse.Namespace, browser, order: tuple[str, str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def run_measure(url: str, streams: int, max_tokens: int, num_requests: int) -> float:
+    """`measure` on a thread of its own: Playwright's sync API keeps an event
+    loop running on this one, where asyncio.run() is refused."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, measure(url, streams, max_tokens, num_requests)).result()
+
+
+def browser_cpu_s() -> dict[int, float]:
+    """CPU seconds each of this process's Chromium processes used so far."""
+    used = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name().startswith("chrom"):
+                times = child.cpu_times()
+                used[child.pid] = times.user + times.system
+        except psutil.Error:
+            continue
+    return used
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(after[pid] - before.get(pid, 0.0) for pid in after)
+
+
+def run_pair(url: str, args: argparse.Namespace, page, order: tuple[str, str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """One run with the dashboard view live, one with the page on the models
+    view (no stream, nothing redrawn): the same page, switched in place, so
+    neither run pays for loading it."""
     result: dict[str, float] = {}
     for state in order:
-        page = None
         if state == "open":
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"{url}/#dashboard")
+            page.evaluate("location.hash = '#dashboard'")
             page.locator("#dash-state").filter(has_text="live").wait_for(timeout=30_000)
-        try:
-            result[state] = asyncio.run(measure(url, args.streams, args.max_tokens, args.requests))
-        finally:
-            if page is not None:
-                points = int(page.locator("#dash-chart").get_attribute("data-points") or 0)
-                result["dashboard_samples"] = points  # the page really was updating during the run
-                page.close()
-        print(f"  {state}: {result[state]:.1f} tok/s", flush=True)
+            points = int(page.locator("#dash-chart").get_attribute("data-points") or 0)
+            page.wait_for_function(
+                f"() => Number(document.getElementById('dash-chart').dataset.points) > {points}", timeout=30_000
+            )
+            points = int(page.locator("#dash-chart").get_attribute("data-points") or 0)
+        else:
+            page.evaluate("location.hash = '#models'")
+            page.locator("#models-rows tr").first.wait_for(timeout=30_000)
+        cpu_before, started = browser_cpu_s(), time.perf_counter()
+        result[state] = run_measure(url, args.streams, args.max_tokens, args.requests)
+        result[f"browser_cores_{state}"] = cpu_between(cpu_before, browser_cpu_s()) / (time.perf_counter() - started)
+        if state == "open":  # the page really was updating during the run
+            result["dashboard_samples"] = int(page.locator("#dash-chart").get_attribute("data-points") or 0) - points
+        print(f"  {state}: {result[state]:.1f} tok/s, browser {result[f'browser_cores_{state}']:.3f} cores", flush=True)
     result["ratio"] = result["open"] / result["closed"]
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=12, help="pairs of runs (short runs, many pairs: the host drifts)")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--requests", type=int, default=3, help="requests per stream and run")
+    parser.add_argument("--requests", type=int, default=1, help="requests per stream and run")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-wait-quiet", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
@@ -120,11 +157,13 @@ def main() -> None:
         sync_playwright() as playwright,
     ):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        asyncio.run(measure(server.url, args.streams, 16, 1))  # warm-up
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{server.url}/#models")
+        run_measure(server.url, args.streams, 16, 1)  # warm-up
         for i in range(args.pairs):
             order = ("closed", "open") if i % 2 == 0 else ("open", "closed")
             print(f"pair {i + 1}/{args.pairs} ({' then '.join(order)})", flush=True)
-            pairs.append(run_pair(server.url, args, browser, order))
+            pairs.append(run_pair(server.url, args, page, order))
         browser.close()
     ratios = [p["ratio"] for p in pairs]
     summary = {
@@ -139,6 +178,11 @@ def main() -> None:
         "median_ratio": round(statistics.median(ratios), 4),
         "min_ratio": round(min(ratios), 4),
         "max_ratio": round(max(ratios), 4),
+        # What the open page costs the machine, measured directly (less noisy than
+        # the throughput ratio): Chromium's CPU with the dashboard open against
+        # the same browser with no page, in cores.
+        "browser_cores_open": round(statistics.median(p["browser_cores_open"] for p in pairs), 4),
+        "browser_cores_closed": round(statistics.median(p["browser_cores_closed"] for p in pairs), 4),
         "median_closed_tok_s": round(statistics.median(p["closed"] for p in pairs), 1),
         "median_open_tok_s": round(statistics.median(p["open"] for p in pairs), 1),
     }

@@ -3,9 +3,10 @@
 const STYLE_VARS = { decode: '--accent', prefill: '--warn', grid: '--line', text: '--muted' };
 
 export class RateChart {
-  /** `series`: names of the values pushed each tick; `capacity`: points kept. */
-  constructor(canvas, series, capacity = 300, minSpan = 30) {
+  /** `series`: names of the values pushed each tick, one every `intervalS`; `capacity`: points kept. */
+  constructor(canvas, series, intervalS = 1, capacity = 300, minSpan = 30) {
     this.canvas = canvas;
+    this.intervalS = intervalS;
     this.series = series;
     this.capacity = capacity;
     this.minSpan = minSpan; // the window starts this wide and grows with the data up to `capacity`
@@ -28,12 +29,18 @@ export class RateChart {
     const width = this.canvas.clientWidth;
     const height = this.canvas.clientHeight;
     if (!width || !height) return; // hidden
-    this.canvas.width = Math.round(width * ratio);
-    this.canvas.height = Math.round(height * ratio);
+    // Resizing a canvas reallocates its backing store: only when the size changed.
+    const pixelW = Math.round(width * ratio);
+    const pixelH = Math.round(height * ratio);
+    if (this.canvas.width !== pixelW || this.canvas.height !== pixelH) {
+      this.canvas.width = pixelW;
+      this.canvas.height = pixelH;
+    }
     const ctx = this.canvas.getContext('2d');
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, width, height);
-    const colors = Object.fromEntries(Object.entries(STYLE_VARS).map(([k, v]) => [k, cssVar(v)]));
+    this.colors ??= Object.fromEntries(Object.entries(STYLE_VARS).map(([k, v]) => [k, cssVar(v)]));
+    const { colors } = this;
     const top = niceMax(Math.max(1, ...this.points.flatMap((p) => this.series.map((s) => p.values[s] ?? 0))));
     const left = 44;
     const plotW = width - left - 8;
@@ -51,7 +58,8 @@ export class RateChart {
       ctx.fillText(String(Math.round(top * (1 - i / 4))), 4, y + 4);
     }
     const span = Math.min(this.capacity, Math.max(this.minSpan, this.points.length));
-    ctx.fillText(`last ${span} s (a sample a second)`, left, height - 2);
+    const every = this.intervalS === 1 ? 'a sample a second' : `a sample every ${this.intervalS} s`;
+    ctx.fillText(`last ${span * this.intervalS} s (${every})`, left, height - 2);
     const step = plotW / Math.max(1, span - 1);
     const offset = span - this.points.length;
     for (const name of this.series) {

@@ -5,7 +5,10 @@ import { apiFetch, sseData } from './api.js';
 import { RateChart } from './chart.js';
 import { bytes, fill, h, num, seconds } from './dom.js';
 
-const INTERVAL_MS = 1000;
+// A snapshot every 2 s: on a desktop the browser shares the cores with the
+// model, and the page's repaint each second cost a headless Chromium 2.4% of a
+// core under load (1.4% at 2 s; bench/webui_overhead.py measures the cost).
+const INTERVAL_MS = 2000;
 const RETRY_MS = 2000;
 const CLASSES = ['interactive', 'default', 'batch'];
 const TERMINAL = new Set(['completed', 'failed', 'cancelled', 'expired']);
@@ -16,7 +19,7 @@ export class DashboardView {
     this.controller = null;
     this.summary = h('div', { class: 'cards', id: 'dash-summary' });
     this.canvas = h('canvas', { class: 'chart', id: 'dash-chart', role: 'img', 'aria-label': 'tokens per second' });
-    this.chart = new RateChart(this.canvas, ['decode', 'prefill']);
+    this.chart = new RateChart(this.canvas, ['decode', 'prefill'], INTERVAL_MS / 1000);
     this.models = h('div', { id: 'dash-models' });
     this.requests = h('tbody', { id: 'dash-requests' });
     this.oneShot = h('tbody', { id: 'dash-oneshot' });
@@ -68,22 +71,43 @@ export class DashboardView {
     const classSum = (key) => models.reduce((total, m) => total + Object.values(m[key] || {}).reduce((a, b) => a + b, 0), 0);
     const running = classSum('running');
     this.chart.push(snap.time, { decode: sum('decode_tokens_per_s'), prefill: sum('prefill_tokens_per_s') });
+    // Each section is rebuilt only when its data changed: on a desktop the
+    // browser shares the cores with the model, and an idle dashboard should
+    // cost it nothing (bench/webui_overhead.py).
+    const changed = (section, data) => {
+      const key = JSON.stringify(data);
+      if (this.shown?.[section] === key) return false;
+      this.shown = { ...this.shown, [section]: key };
+      return true;
+    };
+    if (changed('summary', [running, classSum('waiting'), sum('decode_tokens_per_s'), snap.process, models.length, snap.loading])) this.fillSummary(snap, models, sum, classSum, running);
+    if (changed('models', models)) fill(this.models, models.map(modelPanel));
+    if (changed('requests', snap.requests)) this.fillRequests(snap.requests || []);
+    if (changed('oneShot', snap.one_shot)) this.fillOneShot(snap.one_shot || {});
+    if (changed('batches', snap.batches)) fill(this.batches, (snap.batches || []).map(batchRow));
+  }
+
+  fillSummary(snap, models, sum, classSum, running) {
     fill(this.summary,
       card('Running', h('span', { id: 'dash-running' }, num(running)), 'sequences'),
       card('Waiting', h('span', { id: 'dash-waiting' }, num(classSum('waiting'))), 'requests'),
       card('Decode', num(sum('decode_tokens_per_s'), 1), 'tokens/s'),
       card('Process', `${num(snap.process?.cpu_percent, 0)} %`, `CPU · ${bytes(snap.process?.rss_bytes)} RSS`),
       card('Models', num(models.length), `loaded${snap.loading?.length ? ` · ${snap.loading.length} loading` : ''}`));
-    fill(this.models, models.map(modelPanel));
-    fill(this.requests, (snap.requests || []).map((r) => h('tr', { dataset: { state: r.state } },
+  }
+
+  fillRequests(requests) {
+    fill(this.requests, requests.map((r) => h('tr', { dataset: { state: r.state } },
       h('td', { class: 'mono', title: r.id }, r.id.slice(0, 18)), h('td', {}, r.model), h('td', {}, r.priority_class),
       h('td', {}, r.state), numCell(r.prompt_tokens), numCell(`${num(r.generated_tokens)} / ${num(r.max_tokens)}`),
       numCell(num(r.tokens_per_s, 1)), numCell(seconds(r.ttft_s)), numCell(seconds(r.age_s)))));
-    fill(this.oneShot, Object.entries(snap.one_shot || {}).map(([name, s]) => h('tr', {},
+  }
+
+  fillOneShot(oneShot) {
+    fill(this.oneShot, Object.entries(oneShot).map(([name, s]) => h('tr', {},
       h('td', {}, name), h('td', {}, s.kind || ''), numCell(s.queue_items), numCell(s.batches),
       numCell(num(s.mean_batch_size, 1)), numCell(num(s.items_per_s, 1)), numCell(`${num(100 * (s.padding_ratio || 0), 0)} %`),
       numCell(`${num(100 * (s.busy_fraction || 0), 0)} %`))));
-    fill(this.batches, (snap.batches || []).map(batchRow));
   }
 }
 
