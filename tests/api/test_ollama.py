@@ -15,9 +15,10 @@ import numpy as np
 import ollama
 import pytest
 
-from localserve.api.ollama.wire import ChatLines, OllamaOptions, ollama_options
 from localserve.engine.types import FinishReason, TokenEvent
 from localserve.serving.answer import ChoiceStream
+from localserve.serving.ollama.answer import ChatLines
+from localserve.serving.ollama.request import OllamaOptions, ollama_options
 from localserve.serving.sampling import sampling_for
 from localserve.serving.tools_parse import parse_reply
 from localserve.serving.types import ChoiceResult

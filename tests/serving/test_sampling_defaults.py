@@ -3,7 +3,7 @@ README's "Sampling defaults" table), and that its own values win."""
 
 from __future__ import annotations
 
-from localserve.api.ollama.wire import OllamaOptions, ollama_options
+from localserve.serving.ollama.request import OllamaOptions, ollama_options
 from localserve.serving.openai.convert import sampling
 from localserve.serving.openai.schemas import ChatCompletionRequest
 

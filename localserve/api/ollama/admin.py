@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, model_validator
 
 from localserve.api.admin.pulls import delete_files, stream_pull
 from localserve.api.middleware import parse_body
@@ -27,39 +26,14 @@ from localserve.models.names import validate_model_id
 from localserve.models.pull.hub import PullResult, plan_pull
 from localserve.models.pull.progress import PullProgress
 from localserve.models.store.discovery import find, set_alias
-
-
-class _Named(BaseModel):
-    """Ollama's clients send `model`; older ones `name`."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    name: str = ""
-
-    @model_validator(mode="after")
-    def _one_name(self) -> _Named:
-        self.model = self.model or self.name
-        if not self.model:
-            raise InvalidRequestError("'model' is required", param="model")
-        return self
-
-
-class OllamaPullRequest(_Named):
-    stream: bool = True
-    insecure: bool = False
-
-
-class CopyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    source: str
-    destination: str
+from localserve.serving.ollama.request import CopyRequest, DeleteRequest, OllamaPullRequest
 
 
 def register(app: web.Application) -> None:
     add_routes(
         app,
         Route("POST", "/api/pull", pull, OllamaPullRequest),
-        Route("DELETE", "/api/delete", delete, _Named),
+        Route("DELETE", "/api/delete", delete, DeleteRequest),
         Route("POST", "/api/copy", copy, CopyRequest),
     )
 
@@ -95,7 +69,7 @@ def _error(exc: LocalServeError) -> dict[str, object]:
 
 
 async def delete(request: web.Request) -> web.Response:
-    body = await parse_body(request, _Named)
+    body = await parse_body(request, DeleteRequest)
     model_id = validate_model_id(body.model)
     await delete_files(request.app, model_id)
     return web.Response(status=200)

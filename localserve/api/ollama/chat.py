@@ -24,33 +24,20 @@ Ollama does.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.ollama.models import model_id_of
-from localserve.api.ollama.wire import (
-    ChatLines,
-    GenerateLines,
-    NdjsonWriter,
-    OllamaChatRequest,
-    OllamaGenerateRequest,
-    OllamaLines,
-    now_iso,
-    ollama_options,
-    ollama_stream,
-)
-from localserve.engine.types import parse_priority
-from localserve.errors import InvalidRequestError
-from localserve.models.policy import parse_keep_alive
+from localserve.api.ollama.ndjson import NdjsonWriter, ollama_stream
 from localserve.serving.answer import Answer
 from localserve.serving.chat import start_chat
 from localserve.serving.completions import start_text
 from localserve.serving.models import hold_chat_model
+from localserve.serving.ollama.answer import ChatLines, GenerateLines, OllamaLines, loaded_line
+from localserve.serving.ollama.request import OllamaChatRequest, OllamaGenerateRequest, chat_request, text_request
 from localserve.serving.openai.wire import new_id
-from localserve.serving.types import ChatRequest, FunctionTool, OutputFormat, TextRequest, Tools
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -60,22 +47,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     host = RequestModels(request)
     model_id = await hold_chat_model(host, model_id_of(request, body.model))
     if not body.messages:
-        return _loaded(body.model, body.keep_alive, {"message": {"role": "assistant", "content": ""}})
-    tools = None
-    if body.tools:
-        functions = tuple(
-            FunctionTool(t.function.name, t.function.description, t.function.parameters) for t in body.tools
-        )
-        tools = Tools(functions)
-    chat_request = ChatRequest(
-        model_id,
-        tuple(m.message() for m in body.messages),
-        ollama_options(body.options, priority=parse_priority(None)),
-        tools=tools,
-        output=_output_format(body.format),
-        think=False if body.think is False else None,
-    )
-    answer = await start_chat(host, chat_request, answer_id=new_id("ollama"))
+        fields = {"message": {"role": "assistant", "content": ""}}
+        return web.json_response(loaded_line(body.model, body.keep_alive, fields))
+    answer = await start_chat(host, chat_request(body, model_id), answer_id=new_id("ollama"))
     return await _answer(request, answer, ChatLines(body.model, started_ns), stream=body.stream)
 
 
@@ -86,18 +60,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     host = RequestModels(request)
     model_id = await hold_chat_model(host, model_id_of(request, body.model))
     if not body.prompt and not body.suffix and not body.context:
-        return _loaded(body.model, body.keep_alive, {"response": ""})
-    text_request = TextRequest(
-        model_id,
-        body.prompt,
-        ollama_options(body.options, priority=parse_priority(None)),
-        system=body.system,
-        raw=body.raw,
-        context=tuple(body.context) if body.context else None,
-        suffix=body.suffix or None,
-        output=_output_format(body.format),
-    )
-    answer = await start_text(host, text_request, answer_id=new_id("ollama"))
+        return web.json_response(loaded_line(body.model, body.keep_alive, {"response": ""}))
+    answer = await start_text(host, text_request(body, model_id), answer_id=new_id("ollama"))
     return await _answer(request, answer, GenerateLines(body.model, started_ns, raw=body.raw), stream=body.stream)
 
 
@@ -109,21 +73,3 @@ async def _answer(request: web.Request, answer: Answer, lines: OllamaLines, *, s
     async with answer:
         (result,) = await answer.collect()
     return web.json_response(lines.whole(result, answer), headers=headers)
-
-
-def _loaded(name: str, keep_alive: str | float | None, fields: dict[str, Any]) -> web.Response:
-    """Ollama's answer to an empty request: the model is loaded (and held till
-    now); with `keep_alive: 0` the lease's release unloads it once idle."""
-    reason = "unload" if parse_keep_alive(keep_alive) == 0 else "load"
-    return web.json_response({"model": name, "created_at": now_iso(), **fields, "done_reason": reason, "done": True})
-
-
-def _output_format(value: str | dict[str, Any] | None) -> OutputFormat | None:
-    """`format`: "json" (any JSON) or a JSON schema."""
-    if not value:
-        return None
-    if value == "json":
-        return OutputFormat("json_object", param="format", schema_param="format")
-    if isinstance(value, dict):
-        return OutputFormat("json_schema", value, param="format", schema_param="format")
-    raise InvalidRequestError(f'format must be "json" or a JSON schema object; got {value!r}', param="format")

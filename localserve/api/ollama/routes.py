@@ -24,9 +24,7 @@ import json
 import time
 from typing import Any
 
-import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from localserve.api import webui
 from localserve.api.hosting import RequestModels
@@ -51,6 +49,14 @@ from localserve.models.kinds import ModelKind
 from localserve.serving.embeddings import Embeddings, EmbeddingsRequest
 from localserve.serving.embeddings import embed as serving_embed
 from localserve.serving.fim import fim_tokens
+from localserve.serving.ollama.answer import embed_json, embedding_json
+from localserve.serving.ollama.request import (
+    EmbedRequest,
+    LegacyEmbeddingsRequest,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    ShowRequest,
+)
 
 #: The Ollama API level this server answers like (clients check a minimum).
 OLLAMA_VERSION = "0.12.0"
@@ -67,8 +73,8 @@ def register(app: web.Application) -> None:
         Route("GET", "/api/tags", tags),
         Route("GET", "/api/ps", running),
         Route("POST", "/api/show", show, ShowRequest),
-        Route("POST", "/api/chat", ollama_chat.chat, ollama_chat.OllamaChatRequest),
-        Route("POST", "/api/generate", ollama_chat.generate, ollama_chat.OllamaGenerateRequest),
+        Route("POST", "/api/chat", ollama_chat.chat, OllamaChatRequest),
+        Route("POST", "/api/generate", ollama_chat.generate, OllamaGenerateRequest),
         Route("POST", "/api/embed", embed, EmbedRequest),
         Route("POST", "/api/embeddings", embeddings, LegacyEmbeddingsRequest),
     )
@@ -135,18 +141,6 @@ def _in_seconds(seconds: float) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-class ShowRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    name: str = ""  # Ollama's older field
-
-    @model_validator(mode="after")
-    def _named(self) -> ShowRequest:
-        if not (self.model or self.name):
-            raise ValueError("model is required")
-        return self
-
-
 async def show(request: web.Request) -> web.Response:
     """`POST /api/show`: details, template, context length, capabilities."""
     body = await parse_body(request, ShowRequest)
@@ -204,37 +198,13 @@ def _template(tokenizer: Tokenizer) -> str:
 # ---- embeddings ----------------------------------------------------------------------
 
 
-class EmbedRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    input: str | list[str] = Field(default_factory=list)
-    truncate: bool = True
-    dimensions: int | None = Field(default=None, ge=1)
-    keep_alive: str | float | None = None  # read by api.leases when the model is acquired
-
-
-class LegacyEmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    prompt: str = ""
-    keep_alive: str | float | None = None
-
-
 async def embed(request: web.Request) -> web.Response:
     """`POST /api/embed`: `{"embeddings": [[...], ...]}` (unit vectors)."""
     started = time.monotonic_ns()
     body = await parse_body(request, EmbedRequest)
     texts = (body.input,) if isinstance(body.input, str) else tuple(body.input)
     result = await _embed(request, body.model, texts, truncate=body.truncate, dimensions=body.dimensions)
-    return web.json_response(
-        {
-            "model": body.model,
-            "embeddings": [v.astype(np.float32).tolist() for v in result.vectors],
-            "total_duration": time.monotonic_ns() - started,
-            "load_duration": 0,
-            "prompt_eval_count": result.num_tokens,
-        }
-    )
+    return web.json_response(embed_json(body.model, result, started))
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -243,8 +213,7 @@ async def embeddings(request: web.Request) -> web.Response:
     body = await parse_body(request, LegacyEmbeddingsRequest)
     texts = (body.prompt,) if body.prompt else ()
     result = await _embed(request, body.model, texts, truncate=True, refuse_chat_models=bool(texts))
-    vector = result.vectors[0].astype(np.float32).tolist() if result.vectors else []
-    return web.json_response({"embedding": vector})
+    return web.json_response(embedding_json(result))
 
 
 async def _embed(
