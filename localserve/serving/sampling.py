@@ -15,7 +15,7 @@ from localserve.serving.types import Options
 #: (top_k 40, top_p 0.95, min_p 0.05). Its own values win, including those
 #: that turn a cut off (top_k 0, top_p 1, min_p 0). The OpenAI API names no
 #: top_k or min_p and defaults top_p to 1; Ollama's own defaults (top_k 40,
-#: top_p 0.9, min_p 0) apply to its dialect (api/ollama/wire.py). Besides
+#: top_p 0.9, min_p 0) apply to its dialect (serving/ollama/request.py). Besides
 #: matching the server users compare us with, the cuts make sampling cheap:
 #: without top_k, top_p sorts the whole vocabulary for every token.
 REQUEST_DEFAULTS = SamplingParams(top_k=40, top_p=0.95, min_p=0.05)

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, LineLimits
 from localserve.engine.types import FinishReason, TokenEvent
 from localserve.serving.fim import fim_prompt, fim_tokens
+from localserve.serving.llamacpp.answer import InfillRun, LineLimits
+from localserve.serving.llamacpp.request import InfillRequest
 from localserve.serving.types import ExtraChunk
 from tests.api.harness import MODEL_ID, ServerThread, make_settings
 from tests.fixtures.tiny_fim_gguf import FIM_SPECIALS, write_tiny_fim_llama

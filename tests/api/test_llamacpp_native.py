@@ -14,8 +14,7 @@ import httpx
 import openai
 import pytest
 
-from localserve.api.llamacpp.completion import NativeCompletionRequest
-from localserve.api.llamacpp.infill_run import with_server_defaults
+from localserve.serving.llamacpp.request import NativeCompletionRequest, with_server_defaults
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings
 
 KEY = {"Authorization": f"Bearer {API_KEY}"}

@@ -18,36 +18,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from aiohttp import web
-from pydantic import Field
 
 from localserve.api.hosting import RequestModels
-from localserve.api.llamacpp.bias import logit_bias_pairs
-from localserve.api.llamacpp.infill_run import InfillRun, LlamaParams, sampling_of, with_server_defaults
 from localserve.api.middleware import parse_body
 from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import SETTINGS
-from localserve.engine.types import parse_priority
-from localserve.errors import InvalidRequestError, LocalServeError
-from localserve.serving import types as serving
+from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
 from localserve.serving.completions import start_completion
+from localserve.serving.llamacpp.answer import InfillRun
+from localserve.serving.llamacpp.bias import logit_bias_pairs
+from localserve.serving.llamacpp.request import (
+    NativeCompletionRequest,
+    completion_request,
+    n_predict_of,
+    prompts_of,
+    with_server_defaults,
+)
 from localserve.serving.models import hold_chat_model
 from localserve.serving.openai.wire import new_id
-from localserve.serving.types import Options
 
 log = logging.getLogger(__name__)
-
-PromptPart = int | str
-Prompt = str | list[PromptPart]
-
-
-class NativeCompletionRequest(LlamaParams):
-    prompt: Prompt | list[Prompt] | dict[str, Any] = ""
-    n_cmpl: int = Field(default=1, ge=1, le=1)  # several completions of one prompt: not here
 
 
 def register(app: web.Application) -> None:
@@ -62,18 +56,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
     host = RequestModels(request)
     model_id = await hold_chat_model(host, body.model or "")
     tokenizer = host.registry.engine.tokenizer(model_id)
-    prompts = await asyncio.to_thread(_prompts, body.prompt, tokenizer)
+    prompts = await asyncio.to_thread(prompts_of, body.prompt, tokenizer)
     bias = await asyncio.to_thread(logit_bias_pairs, body.logit_bias, tokenizer)
-    n_predict = _n_predict(body.n_predict, settings.n_predict)
-    options = Options(
-        sampling=sampling_of(body, bias),
-        max_tokens=n_predict if n_predict > 0 else None,
-        num_logprobs=body.n_probs or None,
-        priority=parse_priority(body.priority),
-    )
-    answer = await start_completion(
-        host, serving.CompletionRequest(model_id, prompts, options), answer_id=new_id("cmpl")
-    )
+    n_predict = n_predict_of(body.n_predict, settings.n_predict)
+    serving_request = completion_request(body, model_id, prompts, bias, n_predict)
+    answer = await start_completion(host, serving_request, answer_id=new_id("cmpl"))
     runs = [
         InfillRun(
             body,
@@ -98,49 +85,6 @@ async def completion(request: web.Request) -> web.StreamResponse:
     return web.json_response(
         results if isinstance(body.prompt, list) and len(prompts) > 1 else results[0], headers=headers
     )
-
-
-def _n_predict(asked: int, server_default: int) -> int:
-    """llama-server's rule: the request's n_predict, capped by --n-predict."""
-    if asked < 0:
-        return server_default
-    return min(asked, server_default) if server_default >= 0 else asked
-
-
-def _prompts(prompt: Prompt | list[Prompt] | dict[str, Any], tokenizer: Any) -> tuple[str | tuple[int, ...], ...]:
-    """One entry per prompt: text, or token ids (a mix becomes ids)."""
-    if isinstance(prompt, dict):
-        text = prompt.get("prompt_string")
-        if not isinstance(text, str) or prompt.get("multimodal_data"):
-            raise InvalidRequestError(
-                "a JSON prompt needs 'prompt_string'; multimodal data is not supported here", param="prompt"
-            )
-        return (text,)
-    if isinstance(prompt, str):
-        return (prompt,)
-    if not prompt:
-        raise InvalidRequestError("'prompt' is empty", param="prompt")
-    if all(isinstance(part, int | str) for part in prompt) and any(isinstance(part, int) for part in prompt):
-        return (_token_ids(prompt, tokenizer),)  # type: ignore[arg-type]
-    out: list[str | tuple[int, ...]] = []
-    for entry in prompt:
-        out.append(entry if isinstance(entry, str) else _token_ids(entry, tokenizer))  # type: ignore[arg-type]
-    return tuple(out)
-
-
-def _token_ids(parts: list[PromptPart], tokenizer: Any) -> tuple[int, ...]:
-    ids: list[int] = []
-    vocab_size = tokenizer.vocab_size
-    for part in parts:
-        if isinstance(part, int):
-            if not 0 <= part < vocab_size:  # llama.cpp would refuse the whole step
-                raise InvalidRequestError(
-                    f"token id {part} in 'prompt' is outside the vocabulary (size {vocab_size})", param="prompt"
-                )
-            ids.append(part)
-        else:
-            ids.extend(tokenizer.encode(part, add_special=False, parse_special=True))
-    return tuple(ids)
 
 
 async def _stream(

@@ -26,19 +26,17 @@ import logging
 from aiohttp import web
 
 from localserve.api.hosting import RequestModels
-from localserve.api.llamacpp.infill_run import InfillRequest, InfillRun, sampling_of, with_server_defaults
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY, SETTINGS
-from localserve.engine.types import parse_priority
 from localserve.errors import LocalServeError, ModelNotFoundError
-from localserve.serving import types as serving
 from localserve.serving.answer import Answer
 from localserve.serving.completions import start_infill
 from localserve.serving.fim import fim_tokens
+from localserve.serving.llamacpp.answer import InfillRun
+from localserve.serving.llamacpp.request import InfillRequest, infill_request, with_server_defaults
 from localserve.serving.openai.wire import new_id
-from localserve.serving.types import ExtraChunk, Options
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +48,8 @@ def register(app: web.Application) -> None:
 async def infill(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     body = with_server_defaults(await parse_body(request, InfillRequest), settings.temp, settings.seed)
-    options = Options(
-        sampling=sampling_of(body),
-        max_tokens=body.n_predict if body.n_predict > 0 else None,
-        priority=parse_priority(body.priority),
-    )
-    infill_request = serving.InfillRequest(
-        body.model or _default_model(request),
-        body.input_prefix,
-        body.input_suffix,
-        body.prompt,
-        tuple(ExtraChunk(chunk.filename, chunk.text) for chunk in body.input_extra),
-        options,
-        model_param="model" if body.model else None,
-    )
-    answer = await start_infill(RequestModels(request), infill_request, answer_id=new_id("infill"))
+    serving_request = infill_request(body, body.model or _default_model(request))
+    answer = await start_infill(RequestModels(request), serving_request, answer_id=new_id("infill"))
     n_ctx = answer.model.n_ctx
     run = InfillRun(body, answer.model_id, answer.truncated, n_ctx, answer.tokenizer.decode(answer.prompt_ids[0]))
     headers = {"X-Request-Id": answer.id}

@@ -20,7 +20,6 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
@@ -30,9 +29,14 @@ from localserve.engine.backend import Tokenizer
 from localserve.errors import InvalidRequestError, LocalServeError
 from localserve.serving.chat import render_chat
 from localserve.serving.embeddings import EmbeddingsRequest, embed
+from localserve.serving.llamacpp.request import (
+    ApplyTemplateRequest,
+    DetokenizeRequest,
+    NativeEmbeddingRequest,
+    TokenizeRequest,
+)
 from localserve.serving.models import hold_chat_model
 from localserve.serving.openai.convert import chat_request
-from localserve.serving.openai.schemas import ChatCompletionRequest
 
 
 class NotSupportedError(LocalServeError):
@@ -40,32 +44,6 @@ class NotSupportedError(LocalServeError):
 
     status = 501
     type = "not_supported_error"
-
-
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    tokens: list[int] = Field(default_factory=list)
-
-
-class ApplyTemplateRequest(ChatCompletionRequest):
-    add_generation_prompt: bool = True
-
-
-class NativeEmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    content: str | list[int] | list[str | list[int]] | None = None
-    input: str | list[int] | list[str | list[int]] | None = None
 
 
 def register(app: web.Application) -> None:

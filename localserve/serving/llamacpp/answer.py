@@ -1,5 +1,5 @@
-"""llama.cpp's `/infill` on the wire: the request body, and one answer as
-llama.cpp's server gives it: the text with its `n_indent` and
+"""llama.cpp's `/completion` and `/infill` answers as llama-server gives them
+(`InfillRun`, one per prompt): the text with its `n_indent` and
 `t_max_predict_ms` limits, the counts, the timings and the result object
 (`stop_type`, `tokens_predicted`, `timings`, ...)."""
 
@@ -7,70 +7,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from localserve.api.llamacpp.bias import LogitBias, reported
 from localserve.engine.backend import Tokenizer
-from localserve.engine.types import FinishReason, SamplingParams, TokenEvent, TokenLogprob
+from localserve.engine.types import FinishReason, TokenEvent, TokenLogprob
 from localserve.serving.generation import event_error
-from localserve.serving.openai.schemas import Priority
-
-INT32_MAX = 2**31 - 1  # llama.cpp takes these as int32
-
-
-class InfillExtra(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    text: str
-    filename: str = "tmp"
-
-
-class LlamaParams(BaseModel):
-    """The generation fields llama.cpp's `/completion` and `/infill` share,
-    with llama-server's defaults. `cache_prompt` (the prefix cache is always
-    on), `samplers` (the engine's chain is fixed), `id_slot` and
-    `t_max_prompt_ms` are accepted and ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    n_predict: int = Field(default=-1, le=INT32_MAX)  # < 1: until the context is full
-    t_max_predict_ms: int = 0  # <= 0: no limit
-    n_indent: int = Field(default=0, ge=0)
-    # llama.cpp server's defaults
-    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    top_k: int = Field(default=40, ge=0, le=INT32_MAX)
-    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
-    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
-    seed: int | None = None  # -1 or none: random
-    stop: list[str] = Field(default_factory=list, max_length=16)
-    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    repeat_last_n: int = Field(default=64, ge=0, le=INT32_MAX)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    ignore_eos: bool = False
-    stream: bool = False
-    return_tokens: bool = False
-    response_fields: list[str] | None = None
-    priority: Priority = None  # this server's extension
-
-    n_probs: int = Field(default=0, ge=0, le=20)
-    cache_prompt: bool = True
-    samplers: list[str] | str | None = None
-    id_slot: int = -1
-    logit_bias: LogitBias | None = None
-    post_sampling_probs: bool = False  # n_probs as probabilities (`prob`, `top_probs`)
-
-
-LlamaParamsT = TypeVar("LlamaParamsT", bound=LlamaParams)
-
-
-class InfillRequest(LlamaParams):
-    input_prefix: str
-    input_suffix: str
-    input_extra: list[InfillExtra] = Field(default_factory=list)
-    prompt: str = ""
+from localserve.serving.llamacpp.bias import reported
+from localserve.serving.llamacpp.request import LlamaParams
 
 
 class LineLimits:
@@ -276,35 +219,6 @@ def token_probs(tokenizer: Tokenizer, logprob: TokenLogprob, *, as_probs: bool =
     top = [entry(token_id, value) for token_id, value in logprob.top]
     out["top_probs" if as_probs else "top_logprobs"] = [e for e in top if e[key] > 0] if as_probs else top
     return out
-
-
-def with_server_defaults(body: LlamaParamsT, temp: float, seed: int) -> LlamaParamsT:
-    """`body` with the server's `--temp` and `--seed` where it sets none, as llama-server fills them."""
-    update: dict[str, Any] = {}
-    if "temperature" not in body.model_fields_set:
-        update["temperature"] = temp
-    if "seed" not in body.model_fields_set and seed >= 0:
-        update["seed"] = seed
-    return body.model_copy(update=update) if update else body
-
-
-def sampling_of(body: LlamaParams, logit_bias: tuple[tuple[int, float], ...] = ()) -> SamplingParams:
-    """The engine's parameters for a `/completion` or `/infill` body
-    (`logit_bias`: the body's, as token ids: `bias.logit_bias_pairs`)."""
-    return SamplingParams(
-        temperature=body.temperature,
-        top_k=body.top_k,
-        top_p=body.top_p,
-        min_p=body.min_p,
-        repeat_penalty=body.repeat_penalty,
-        penalty_last_n=body.repeat_last_n,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
-        stop=tuple(s for s in body.stop if s),
-        ignore_eos=body.ignore_eos,
-        logit_bias=logit_bias,
-    )
 
 
 def _stop_type(event: TokenEvent) -> str:
