@@ -205,29 +205,43 @@ class DiskRestores:
         self._slots = slots
         self._s_per_token: float | None = None  # measured; None: restoring is taken to pay
 
+    def prefetch(self, seq: Sequence, compute_s_per_token: Callable[[], float]) -> None:
+        """When `seq` arrives: read its longest saved prefix ahead (on the disk
+        tier's reader thread) if it holds a block more than any slot and
+        restoring is predicted faster than computing it."""
+        disk = self._slots.disk
+        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
+            return
+        limit = seq.num_tokens - 1
+        found = disk.longest(seq.token_ids, limit)
+        if found is None:
+            disk.stats.num_misses += 1
+            return
+        num_tokens, key = found
+        in_slots = max((common_prefix_len(s.token_ids, seq.token_ids) for s in self._slots.slots), default=0)
+        in_slots = min(in_slots, limit)
+        if num_tokens >= in_slots + BLOCK and self._pays(num_tokens - in_slots, compute_s_per_token):
+            seq.prefetch = disk.prefetch(num_tokens, key)
+
     def restore(
         self, seq: Sequence, slot: Slot, num_reused: int, plan: StepDraft, compute_s_per_token: Callable[[], float]
     ) -> int:
-        """Restore the longest saved prefix of `seq` from the disk tier into
-        `slot` when it holds a block more than the slots gave and restoring
-        is predicted faster than computing it. Returns the tokens reused."""
+        """Restore `seq`'s prefix that was read ahead (`prefetch`, done: the
+        scheduler admits no sequence whose read is under way) into `slot` when
+        it holds a block more than the slots gave and restoring is predicted
+        faster than computing it. Returns the tokens reused. Touches no file."""
+        fetch, seq.prefetch = seq.prefetch, None
         disk = self._slots.disk
-        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
+        if disk is None or fetch is None or not fetch.done or seq.num_preemptions:
             return num_reused
-        found = disk.longest(seq.token_ids, seq.num_tokens - 1)
-        if found is None or found[0] < num_reused + BLOCK:
-            disk.stats.num_misses += found is None
+        if fetch.num_tokens < num_reused + BLOCK or not self._pays(fetch.num_tokens - num_reused, compute_s_per_token):
             return num_reused
-        num_tokens, key = found
-        if not self._pays(num_tokens - num_reused, compute_s_per_token):
-            return num_reused
-        loaded = disk.load(key)
-        if loaded is None:  # truncated or corrupt: deleted, a miss
+        if fetch.loaded is None:  # truncated or corrupt: deleted, a miss
             disk.stats.num_misses += 1
             return num_reused
-        stored, payload = loaded
-        num_tokens = max(num_tokens, min(common_prefix_len(stored.tolist(), seq.token_ids), seq.num_tokens - 1))
-        self._slots.restore(slot, seq.token_ids[:num_tokens], key, payload, plan)
+        stored, payload = fetch.loaded
+        num_tokens = max(fetch.num_tokens, min(common_prefix_len(stored.tolist(), seq.token_ids), seq.num_tokens - 1))
+        self._slots.restore(slot, seq.token_ids[:num_tokens], fetch.key, payload, plan)
         disk.stats.num_hits += 1
         return num_tokens
 

@@ -7,7 +7,10 @@ each) out of its cache (`KvOp` "save", on the step thread: a memory copy),
 and this store writes it to a file from a background thread. A new
 sequence whose prompt shares more whole blocks with a file than with any
 slot has them restored into its slot (`KvOp` "restore") and computes only
-the rest.
+the rest. The file is read ahead when the request arrives (`prefetch`: the
+store's reader thread maps and checks it), so the scheduler's plan only
+takes bytes that are ready and never waits on the disk; a sequence whose
+read is still under way waits for it, and other work runs meanwhile.
 
 Keys: a hash chain over the token ids, block by block, seeded with the
 model's KV identity (`GenerativeBackend.kv_state_identity`: the model file's
@@ -49,7 +52,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +92,20 @@ def chain_hashes(identity: str, token_ids: Sequence[int]) -> list[str]:
     return hashes
 
 
+class Prefetch:
+    """A saved prefix read ahead on the store's reader thread: `num_tokens`
+    under `key`; once `done`, `loaded` is its token ids and payload, or None
+    (gone, truncated, corrupt: deleted, a miss)."""
+
+    __slots__ = ("done", "key", "loaded", "num_tokens")
+
+    def __init__(self, num_tokens: int, key: str) -> None:
+        self.num_tokens = num_tokens
+        self.key = key
+        self.loaded: tuple[array.array[int], memoryview] | None = None
+        self.done = False
+
+
 class DiskPrefixStore:
     """One model's files under `root` (shared by every model and process on
     this home), within `max_bytes` for the whole root."""
@@ -114,6 +131,11 @@ class DiskPrefixStore:
         self._queue: queue.Queue[tuple[str, tuple[int, ...], bytes] | None] = queue.Queue(_WRITE_QUEUE)
         self._writer = threading.Thread(target=self._write_loop, name="localserve-prefix-disk", daemon=True)
         self._writer.start()
+        #: Called on the reader thread after each read ahead (the step loop's wake-up).
+        self.on_read: Callable[[], None] | None = None
+        self._reads: queue.SimpleQueue[Prefetch | None] = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read_loop, name="localserve-prefix-read", daemon=True)
+        self._reader.start()
 
     # ---- the scheduler's view (step thread) --------------------------------------------------
 
@@ -137,9 +159,29 @@ class DiskPrefixStore:
         with self._lock:
             self._pending[key] = tuple(token_ids)
 
+    def prefetch(self, num_tokens: int, key: str) -> Prefetch:
+        """Start reading the file under `key` (`num_tokens` tokens, as
+        `longest` found) on the reader thread."""
+        fetch = Prefetch(num_tokens, key)
+        self._reads.put(fetch)
+        return fetch
+
+    def _read_loop(self) -> None:
+        while (fetch := self._reads.get()) is not None:
+            try:
+                fetch.loaded = self.load(fetch.key)
+            except Exception:  # a read that fails is a miss; the reader goes on
+                log.exception("prefix cache: could not read %s", self.dir / f"{fetch.key}.kv")
+            finally:
+                fetch.done = True
+                wake = self.on_read
+                if wake is not None:
+                    wake()
+
     def load(self, key: str) -> tuple[array.array[int], memoryview] | None:
         """A saved sequence's token ids and payload, checked; None (and the
-        file deleted) if it is not whole and ours."""
+        file deleted) if it is not whole and ours. On the reader thread
+        (`prefetch`), never the step thread."""
         path = self.dir / f"{key}.kv"
         try:
             # Mapped, not read: the page cache's pages themselves, with no
@@ -197,6 +239,7 @@ class DiskPrefixStore:
 
     def close(self, timeout_s: float = 30.0) -> None:
         self.flush(timeout_s)
+        self._reads.put(None)
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
 

@@ -81,7 +81,10 @@ class Scheduler:
         now = self._now = self._clock()
         if request.priority < self.config.batch_priority:
             self.policy.note_arrival(now)
-        self._seqs.add(request, now, self.config.aging_s)
+        seq = self._seqs.add(request, now, self.config.aging_s)
+        # Its saved prefix, if the disk tier has a longer one than the slots,
+        # is read ahead from now: schedule() takes it once it is in memory.
+        self._restores.prefetch(seq, lambda: self.policy.model.coefficients[1])
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """End a request now (between steps). Returns its final event, or None
@@ -95,6 +98,11 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self._seqs.waiting or self._seqs.running)
+
+    def has_ready_work(self) -> bool:
+        """Work a step can do now: not only sequences that wait for their
+        prefix to be read from disk (the reader wakes the step loop)."""
+        return bool(self._seqs.running) or any(not s.reading for s in self._seqs.waiting)
 
     @property
     def num_waiting(self) -> int:
@@ -286,8 +294,8 @@ class Scheduler:
             limited = self._limited(seq)
             if limited and others_prompting:
                 continue  # that step is the other prompt's time to first token
-            if seq in waiting and not self._may_admit(seq):
-                continue
+            if seq in waiting and (seq.reading or not self._may_admit(seq)):
+                continue  # its prefix is still being read from disk, or reserved slots
             room = gate.room(plan.num_tokens + num_kept, plan.num_seqs + num_kept) if limited else plan.budget
             if room <= 0:
                 continue

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localserve.engine.output import OutputText
 from localserve.engine.speculation import SpecState
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from localserve.engine.prefix_disk import Prefetch
 
 
 class SeqStatus(enum.Enum):
@@ -37,6 +41,12 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     spec: SpecState | None = None  # its drafter and acceptance, once it may speculate
+    prefetch: Prefetch | None = None  # its saved prefix, read ahead from the disk tier until admitted
+
+    @property
+    def reading(self) -> bool:
+        """Its saved prefix is still being read from disk: it waits for it."""
+        return self.prefetch is not None and not self.prefetch.done
 
     @property
     def num_tokens(self) -> int:

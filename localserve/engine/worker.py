@@ -46,7 +46,12 @@ class _Stop:
     pass
 
 
-Message = _Add | _Abort | _Stop
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    """A prefix was read ahead from disk: a waiting sequence may be admitted."""
+
+
+Message = _Add | _Abort | _Stop | _Wake
 Dispatch = Callable[[list[TokenEvent]], None]
 
 
@@ -68,6 +73,8 @@ class StepWorker:
         tokenizer = backend.tokenizer()
         self.backend = backend
         self.disk = disk
+        if disk is not None:
+            disk.on_read = lambda: self._inbox.put(_Wake())
         capacity = backend.capacity()
         output = OutputProcessor(
             eog_token_ids=tokenizer.eog_token_ids, token_bytes=tokenizer.token_bytes, n_ctx=capacity.n_ctx
@@ -142,8 +149,10 @@ class StepWorker:
         try:
             # The scheduler starts with empty slots; make the KV cache agree.
             self.backend.clear_slots(range(self.scheduler.capacity.max_num_seqs))
-            while self._drain_inbox(block=not self.scheduler.has_work()):
-                if self.scheduler.has_work():
+            # A sequence whose saved prefix is still being read from disk is no
+            # work yet: the loop sleeps until the reader's _Wake (or a message).
+            while self._drain_inbox(block=not self.scheduler.has_ready_work()):
+                if self.scheduler.has_ready_work():
                     self._step()
                 # Before blocking on an empty inbox, publish the idle state, or
                 # readers would see finished requests as running.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -264,7 +265,12 @@ class Driver:
 
     def step(self) -> StepPlan:
         self.scheduled_seq_ids.update(s.seq_id for s in self.scheduler.sequences())
+        deadline = time.monotonic() + 10
+        while not self.scheduler.has_ready_work():  # as the worker sleeps until the disk tier's reader wakes it
+            assert time.monotonic() < deadline, "a prefix read from disk never finished"
+            time.sleep(0.001)
         batch = self.scheduler.schedule()
+        assert not batch.empty, "schedule() planned an empty step with work ready"
         self._check_queue()
         result = self.backend.execute(batch)
         if self.disk is not None:  # as the worker does: the saved states go to the disk tier's writer

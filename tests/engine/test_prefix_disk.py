@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -173,6 +174,78 @@ def test_after_a_restart_the_prefix_comes_from_disk(tmp_path):
     assert driver.records["again"].token_ids == alone(LONG + [6, 7])
 
 
+class WatchedStore:
+    """A real store that fails on any call schedule() makes, except its
+    in-memory index (what is saved, what a save was asked for) and counters:
+    the file is read ahead when a request arrives (`prefetch`), never in the
+    plan."""
+
+    IN_MEMORY = frozenset({"identity", "stats", "stored_tokens", "expect"})
+
+    def __init__(self, disk: DiskPrefixStore) -> None:
+        self._disk = disk
+        self.scheduling = False
+        self.calls_outside: list[str] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if self.scheduling and name not in self.IN_MEMORY:
+            raise AssertionError(f"schedule() used the disk tier's {name}")
+        if not self.scheduling:
+            self.calls_outside.append(name)
+        return getattr(self._disk, name)
+
+
+def test_schedule_reads_no_file_the_prefix_is_read_ahead_when_the_request_arrives(tmp_path):
+    watched = WatchedStore(store(tmp_path))
+    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    driver = Driver(capacity, disk=watched)  # type: ignore[arg-type]
+    plan = driver.scheduler.schedule
+
+    def watched_schedule() -> StepPlan:
+        watched.scheduling = True
+        try:
+            return plan()
+        finally:
+            watched.scheduling = False
+
+    driver.scheduler.schedule = watched_schedule  # type: ignore[method-assign]
+    for request_id, ids in {"first": LONG + [1000], "other": prompt(3000, 300), "again": LONG + [2000]}.items():
+        driver.add(request_id, ids, max_tokens=8)
+        driver.run()
+    assert watched.stats.num_hits == 1  # restored, from bytes the reader had ready
+    assert "prefetch" in watched.calls_outside and "load" not in watched.calls_outside
+    assert driver.records["again"].token_ids == alone(LONG + [2000])
+
+
+def test_a_sequence_waits_for_its_prefix_while_other_work_runs(tmp_path):
+    """A read under way holds back only its own sequence: a step with other
+    work runs without it, and it is admitted, restored, once the read is done."""
+    first = drive(store(tmp_path), {"first": LONG + [1]})
+    saved = first.backend.execute(first.scheduler.save_ops()).saved  # shutdown: the slot's blocks go to disk
+    for key, (num_tokens, payload) in saved.items():
+        first.disk.put(key, num_tokens, payload)  # type: ignore[union-attr]
+    first.disk.close()  # type: ignore[union-attr]
+    disk = store(tmp_path)  # restarted, with two slots: room for both requests
+    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=512, kv_tokens=2048, n_ctx=1024), disk=disk)
+    release = threading.Event()
+    real_load = disk.load
+
+    def slow_load(key: str):  # type: ignore[no-untyped-def]
+        release.wait(10)
+        return real_load(key)
+
+    disk.load = slow_load  # type: ignore[method-assign]
+    driver.add("busy", prompt(5000, 40), max_tokens=4)
+    driver.add("again", LONG + [2], max_tokens=4)
+    assert driver.scheduler.has_ready_work()
+    batch = driver.step()
+    assert driver.chunk(batch, "busy") is not None and driver.chunk(batch, "again") is None
+    release.set()
+    driver.run()
+    assert disk.stats.num_hits == 1
+    assert driver.records["again"].token_ids == alone(LONG + [2])[:4]
+
+
 def test_short_prompts_and_a_cache_that_has_more_in_a_slot_do_not_touch_the_disk(tmp_path):
     disk = store(tmp_path)
     drive(disk, {"a": prompt(0, 100), "b": prompt(0, 120)})
@@ -183,8 +256,13 @@ def test_short_prompts_and_a_cache_that_has_more_in_a_slot_do_not_touch_the_disk
 
 
 def test_a_restore_the_backend_refuses_is_recomputed_and_its_file_deleted(tmp_path):
-    disk = store(tmp_path)
-    driver = drive(disk, {"first": LONG + [1], "other": prompt(3000, 300)})
+    first = drive(store(tmp_path), {"first": LONG + [1]})
+    saved = first.backend.execute(first.scheduler.save_ops()).saved  # shutdown: the slot's blocks go to disk
+    for key, (num_tokens, payload) in saved.items():
+        first.disk.put(key, num_tokens, payload)  # type: ignore[union-attr]
+    first.disk.close()  # type: ignore[union-attr]
+    disk = store(tmp_path)  # restarted, with two slots: room for both requests
+    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=512, kv_tokens=2048, n_ctx=1024), disk=disk)
     real_execute = driver.backend.execute
 
     def refusing(batch: StepPlan) -> StepResult:
