@@ -149,6 +149,25 @@ def test_each_cut_draws_exactly_the_reference_distribution(params: SamplingParam
     assert_samples_follow(row, params)
 
 
+@pytest.mark.parametrize("layout", ["spread", "best-on-the-subsample"])
+def test_top_k_on_a_real_sized_vocabulary_starts_from_a_subsample_estimate_and_stays_exact(layout: str) -> None:
+    """A 49,152-token row (SmolLM2's vocabulary) takes top_k's first spread
+    from every _SUBSAMPLE-th logit; when the best tokens all sit between the
+    sampled positions the estimate is too high (fewer than top_k tokens
+    reach it), the spread widens, and the draw is still exact."""
+    rng = np.random.default_rng(12)
+    row = (rng.normal(size=49_152) * 2.5).astype(np.float32)
+    if layout == "best-on-the-subsample":
+        row = rng.normal(size=49_152).astype(np.float32) - 8.0
+        best = np.arange(60) * numpy_sampling._SUBSAMPLE
+        row[best] = rng.normal(size=len(best)).astype(np.float32)
+        sub = np.sort(row[:: numpy_sampling._SUBSAMPLE])[::-1]
+        assert np.count_nonzero(row >= sub[40 // numpy_sampling._SUBSAMPLE + 7]) < 40  # the estimate falls short
+    assert row.shape[0] >= numpy_sampling._SUBSAMPLE * 4 * (40 + numpy_sampling._SUBSAMPLE)  # the estimate runs
+    assert_samples_follow(row, SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, seed=13))
+    assert_samples_follow(row, SamplingParams(temperature=1.0, top_k=40, seed=14))
+
+
 def test_top_p_over_a_flat_tail_widens_past_the_first_spread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Most of the mass lies beyond the first candidates (a long flat tail,
     beyond a spread narrowed for the test): the candidates widen until they
