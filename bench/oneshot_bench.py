@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.compare_servers import wait_for_quiet  # noqa: E402
 from localserve.config import ServerSettings  # noqa: E402
 from localserve.engine.backend import OneShotBackend  # noqa: E402
-from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig  # noqa: E402
+from localserve.engine.oneshot.queue import OneShotQueue, OneShotQueueConfig  # noqa: E402
 from localserve.models.kinds import ModelKind  # noqa: E402
 from localserve.models.oneshot import BATCHING, open_oneshot  # noqa: E402
 
@@ -176,7 +176,7 @@ async def measure(
         await asyncio.to_thread(queue.close)
     own = (own1.user + own1.system) - (own0.user + own0.system)
     stats = queue.stats()
-    if not isinstance(stats, dict):  # a typed snapshot (engine/oneshot_stats.py) where the tree has it
+    if not isinstance(stats, dict):  # a typed snapshot (engine/oneshot/stats.py) where the tree has it
         stats = {name: getattr(stats, name) for name in ("mean_batch_size", "padding_ratio")}
     return Cell(
         items_per_s=len(jobs) / elapsed,

@@ -86,9 +86,7 @@ def run_case(backend_name: str, folder: str, streams: int, constrained: bool, ol
         prompt = tuple(backend.tokenizer().encode(PROMPT, add_special=False))
         eog = backend.tokenizer().eog_token_ids
         backend.clear_slots(list(range(streams)))
-        first = backend.execute(
-            StepPlan(0, (), tuple(SeqChunk(i, i, prompt, 0, True, params) for i in range(streams)))
-        )
+        first = backend.execute(StepPlan(0, (), tuple(SeqChunk(i, i, prompt, 0, True, params) for i in range(streams))))
         last = {i: first.sampled[i].token_id for i in range(streams)}
         pos = {i: len(prompt) for i in range(streams)}
         done: set[int] = set()

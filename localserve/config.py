@@ -51,11 +51,11 @@ class ServerSettings:
     body_timeout_s: float = 30.0  # a request body that sends nothing for this long gets 408; 0 = no limit
     aging_s: float = 30.0
     reserved_slots: int = -1  # slots of each model that are interactive work's first claim; -1: parallel // 8
-    # Batch work beside other requests (engine/batch_policy.py): it joins a step only while the step's
+    # Batch work beside other requests (engine/step/batch_policy.py): it joins a step only while the step's
     # predicted time keeps their inter-token latency within this x of the step without it ...
     batch_itl_target: float = 1.2
     batch_ttft_target: float = 1.5  # ... and an arriving prompt's first token within this x its time when idle
-    speculative: str = "off"  # off | ngram (prompt lookup) | draft (--draft-model): engine/speculation.py
+    speculative: str = "off"  # off | ngram (prompt lookup) | draft (--draft-model): engine/step/speculation.py
     draft_model: str = ""  # a smaller GGUF of the chat models' vocabulary that drafts tokens
     draft_max: int = 8  # drafted tokens one sequence may verify in a step
     # A reasoning model's think section by default (llama-server's --reasoning): on/auto render the template

@@ -149,7 +149,7 @@ class GenerativeBackend(ABC):
 
 class OneShotBackend(ABC, Generic[ItemT, OutputT]):
     """A model that answers each item in one call: embeddings, speech
-    recognition, reranking. Driven by `engine.oneshot_queue.OneShotQueue`.
+    recognition, reranking. Driven by `engine.oneshot.queue.OneShotQueue`.
 
     Only the queue's thread calls `run`, so implementations need no locks.
     `item_size` and `group_key` may be called from any thread.

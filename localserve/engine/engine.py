@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localserve.engine.backend import GenerativeBackend, Tokenizer
-from localserve.engine.prefix_disk import DiskPrefixStore
-from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.stats import Histogram, ModelSnapshot, ModelStats
+from localserve.engine.step.prefix_disk import DiskPrefixStore
+from localserve.engine.step.scheduler import SchedulerConfig
+from localserve.engine.step.stats import Histogram, ModelSnapshot, ModelStats
+from localserve.engine.step.worker import StepWorker
 from localserve.engine.types import Capacity, FinishReason, GenerateRequest, TokenEvent
-from localserve.engine.worker import StepWorker
 from localserve.errors import (
     ContextLengthError,
     EngineStoppedError,
@@ -45,7 +45,7 @@ DRAIN_POLL_S = 0.05
 class EngineConfig:
     max_queue: int = 256  # waiting requests per model before 503
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    prefix_disk: Path | None = None  # the prefix cache's disk tier (engine/prefix_disk.py); None: off
+    prefix_disk: Path | None = None  # the prefix cache's disk tier (engine/step/prefix_disk.py); None: off
     prefix_disk_bytes: int = 0  # its size bound, for every model and process on that folder
     adaptive_threads: bool = False  # choose each step's CPU threads (engine/threads.py); False: the count at load
 
@@ -155,7 +155,7 @@ class Engine:
     def wrap_backends(self, wrap: Callable[[GenerativeBackend], GenerativeBackend]) -> None:
         """Serve every model added from now on through `wrap(backend)`, which
         must delegate to it: the debug fault route wraps them in
-        `engine.faults.FaultInjectingBackend`. `backend()` returns the wrapper."""
+        `engine.step.faults.FaultInjectingBackend`. `backend()` returns the wrapper."""
         self._wrap = wrap
 
     async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
@@ -285,7 +285,7 @@ class Engine:
                 recent_batch_sizes=tuple(model.stats.recent_batch_sizes()),
                 total_prompt_tokens=model.stats.total_prompt_tokens,
                 total_output_tokens=model.stats.total_output_tokens,
-                batch_policy=model.worker.batch_policy,  # batch admission by step time (engine/batch_policy.py)
+                batch_policy=model.worker.batch_policy,  # batch admission by step time (engine/step/batch_policy.py)
                 rates=model.stats.snapshot(),
                 threads=model.worker.thread_state,
             )

@@ -15,7 +15,7 @@ single step:
   free, rounded half down: on 2 cores a neighbour that takes 0.67 of a core
   while it competes with two spinning threads already means one thread.
 - The step times: each step's measured seconds over what the step-time
-  model (`engine/step_model.py`) predicts. A switch is a trial: its window's
+  model (`engine/step/step_model.py`) predicts. A switch is a trial: its window's
   ratio is compared with the window before it, and the switch is undone
   when it made steps slower (`MARGIN`). When the reading moves by half a
   core or more (a burst starts or ends) to a neighbour that holds a core
@@ -33,7 +33,7 @@ single step:
 `ThreadChooser` is pure logic over an injected clock and CPU reading, so
 tests drive it with scripted ones; `StepWorker` calls `observe` after each
 step and hands a changed count to `GenerativeBackend.set_cpu_threads`. The
-one-shot queue (`engine/oneshot_queue.py`) follows the reading alone
+one-shot queue (`engine/oneshot/queue.py`) follows the reading alone
 (`follow_reading`) before each run: its runs differ too much in size for
 their times to judge a switch.
 """

@@ -9,7 +9,7 @@
   complete once it holds `.complete`;
 * partial - a conversion or export that stopped half-way (its temporary
   `.<name>...` file or folder): removed by `prune` once it is an hour old;
-* prefix - the prefix cache's files, a folder per model (engine/prefix_disk.py);
+* prefix - the prefix cache's files, a folder per model (engine/step/prefix_disk.py);
 * wheels - llama.cpp wheels built and checked for this machine (`make install`);
 * pulls - models pulled into the Hugging Face cache. That cache is shared with
   other tools: it is listed, never pruned here (`localserve rm` removes a model).

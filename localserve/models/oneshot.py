@@ -10,14 +10,14 @@ from pathlib import Path
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import OneShotBackend
-from localserve.engine.oneshot_queue import OneShotQueueConfig
+from localserve.engine.oneshot.queue import OneShotQueueConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.gguf_arch import EMBEDDING_ARCHS, gguf_architecture
 from localserve.models.kinds import ModelKind, kind_of
 
 #: Batching defaults per kind: many short texts; a few 30 s audio windows.
 #: No `max_wait_ms`: an idle model answers at once, and what arrives while it
-#: is busy leaves together in its next dispatch (engine/oneshot_queue.py).
+#: is busy leaves together in its next dispatch (engine/oneshot/queue.py).
 BATCHING = {
     ModelKind.EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
     ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient
 
 from localserve.api.app import create_app
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.faults import EVERY_STEP, FaultInjectingBackend
+from localserve.engine.step.faults import EVERY_STEP, FaultInjectingBackend
 from localserve.models.registry import ModelRegistry
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread, make_settings, open_raw_stream
 

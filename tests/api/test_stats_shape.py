@@ -14,7 +14,7 @@ from pathlib import Path
 
 from localserve.api.state import REGISTRY
 from localserve.engine.backend import BackendInfo, OneShotBackend
-from localserve.engine.oneshot_queue import OneShotQueue
+from localserve.engine.oneshot.queue import OneShotQueue
 from localserve.engine.types import GenerateRequest, SamplingParams
 from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER

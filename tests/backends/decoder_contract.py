@@ -20,7 +20,7 @@ import pytest
 
 from localserve.backends.kv_decoder import KvDecoderBackend
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.step.scheduler import SchedulerConfig
 from localserve.engine.types import FinishReason, GenerateRequest, KvOp, SamplingParams, SeqChunk, StepPlan, TokenEvent
 from localserve.errors import InvalidRequestError
 from localserve.serving.grammar import grammar_for

@@ -21,7 +21,7 @@ import pytest
 
 from localserve.backends.llamacpp.embeddings import LlamaEmbeddingBackend, LlamaEmbeddingConfig
 from localserve.backends.onnx.embeddings import OnnxEmbeddingBackend, OnnxEmbeddingConfig
-from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
+from localserve.engine.oneshot.queue import OneShotQueue, OneShotQueueConfig
 from localserve.errors import ContextLengthError, InvalidRequestError
 from localserve.models.convert.cache import cached_gguf, read_sentence_transformers
 from localserve.models.oneshot import detect_labels, gguf_architecture

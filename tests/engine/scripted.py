@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from localserve.engine.output_processor import OutputProcessor
-from localserve.engine.prefix_disk import DiskPrefixStore
-from localserve.engine.scheduler import Scheduler, SchedulerConfig
-from localserve.engine.sequence import SeqStatus
+from localserve.engine.step.output_processor import OutputProcessor
+from localserve.engine.step.prefix_disk import DiskPrefixStore
+from localserve.engine.step.scheduler import Scheduler, SchedulerConfig
+from localserve.engine.step.sequence import SeqStatus
 from localserve.engine.types import (
     Capacity,
     GenerateRequest,

@@ -8,8 +8,8 @@ import pytest
 
 from localserve.cli.options import CliError, settings_from_args
 from localserve.config import ServerSettings
-from localserve.engine.batch_policy import BatchPolicy
 from localserve.engine.engine import Engine
+from localserve.engine.step.batch_policy import BatchPolicy
 from localserve.engine.types import Capacity, SchedulerConfig
 from localserve.models.registry.core import ModelRegistry
 

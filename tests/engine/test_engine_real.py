@@ -12,7 +12,7 @@ import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.faults import FaultInjectingBackend, WrappedBackend
+from localserve.engine.step.faults import FaultInjectingBackend, WrappedBackend
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepPlan, StepResult, TokenEvent
 
 pytestmark = pytest.mark.slow
@@ -258,7 +258,7 @@ async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
     goes switches the step's threads mid-stream (2 -> 1 -> 2 ...); the tokens
     are those of a fixed count, and the stats show the count and the reading."""
     from localserve.engine import threads as threads_module
-    from localserve.engine import worker as worker_module
+    from localserve.engine.step import worker as worker_module
 
     class Flipping:
         """A neighbour that takes one of the two cores every other reading."""

@@ -15,8 +15,8 @@ from collections.abc import Callable, Hashable, Sequence
 import pytest
 
 from localserve.engine.backend import BackendInfo, OneShotBackend
-from localserve.engine.oneshot_plan import choose_dispatch, padding_of, plan_groups
-from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
+from localserve.engine.oneshot.plan import choose_dispatch, padding_of, plan_groups
+from localserve.engine.oneshot.queue import OneShotQueue, OneShotQueueConfig
 from localserve.errors import BackendError, EngineStoppedError, QueueFullError
 
 # A queue that waited on its (frozen) clock would hang a test: fail it soon instead.
@@ -490,8 +490,8 @@ async def test_stats_has_what_the_dashboard_reads():
 async def test_adaptive_threads_follow_the_cpu_reading_between_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """--threads auto: before a run, the queue sets the backend's threads to
     the cores other programs leave free (engine/threads.py), on its thread."""
-    from localserve.engine import oneshot_queue as queue_module
     from localserve.engine import threads as threads_module
+    from localserve.engine.oneshot import queue as queue_module
 
     class Reading:
         busy = 1.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localserve.engine.output import OutputText
+from localserve.engine.step.output import OutputText
 
 
 def push_all(output: OutputText, pieces: list[bytes]) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
+from localserve.engine.step.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from localserve.engine.types import StepPlan, StepResult
 
 from .scripted import Driver, make_capacity, prompt
@@ -79,7 +79,7 @@ def test_a_damaged_file_is_deleted_with_one_warning_and_reads_as_a_miss(tmp_path
         put(disk, other, prompt(1, BLOCK), b"x" * 10)
         disk.flush()
         (disk.dir / f"{other}.kv").replace(path)
-    with caplog.at_level(logging.WARNING, logger="localserve.engine.prefix_disk"):
+    with caplog.at_level(logging.WARNING, logger="localserve.engine.step.prefix_disk"):
         assert disk.load(key) is None
     assert len([r for r in caplog.records if "deleted" in r.message]) == 1
     assert not path.exists() and disk.longest(tokens, BLOCK) is None

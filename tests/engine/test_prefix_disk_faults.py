@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from localserve import disk as disk_module
-from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
+from localserve.engine.step.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
 from tests.fixtures.small_disk import fill, read_only, small_tmpfs
 
 from .scripted import prompt

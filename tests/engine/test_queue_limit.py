@@ -18,7 +18,7 @@ import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig, RequestStream
-from localserve.engine.faults import WrappedBackend
+from localserve.engine.step.faults import WrappedBackend
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, StepPlan, StepResult
 from localserve.errors import QueueFullError
 

@@ -11,9 +11,9 @@ import math
 
 import pytest
 
-from localserve.engine.batch_policy import BatchPolicy
-from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.sequence import SeqStatus
+from localserve.engine.step.batch_policy import BatchPolicy
+from localserve.engine.step.scheduler import SchedulerConfig
+from localserve.engine.step.sequence import SeqStatus
 from localserve.engine.types import FinishReason, KvOp, StepPlan
 
 from .scripted import (
@@ -268,7 +268,7 @@ def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
 
 
 def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
-    from localserve.engine.scheduler import reserved_slots
+    from localserve.engine.step.scheduler import reserved_slots
 
     assert [reserved_slots(SchedulerConfig(), n) for n in (1, 4, 8, 16, 32)] == [0, 0, 1, 2, 4]
     assert reserved_slots(SchedulerConfig(reserved_slots=5), 4) == 3  # batch work always gets one slot

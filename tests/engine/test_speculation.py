@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localserve.engine.scheduler import SchedulerConfig
-from localserve.engine.speculation import (
+from localserve.engine.step.scheduler import SchedulerConfig
+from localserve.engine.step.speculation import (
     LONG_MATCH,
     NgramDrafter,
     accept_drafts,

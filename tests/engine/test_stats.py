@@ -12,7 +12,7 @@ import pytest
 
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.engine.engine import Engine, EngineConfig
-from localserve.engine.stats import MIN_RATE_SPAN_S, MIN_RATE_TOKENS, TTFT_BUCKETS, ClassFigures, ModelStats
+from localserve.engine.step.stats import MIN_RATE_SPAN_S, MIN_RATE_TOKENS, TTFT_BUCKETS, ClassFigures, ModelStats
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams, TokenEvent
 
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from localserve.engine.step_model import StepTimeModel
+from localserve.engine.step.step_model import StepTimeModel
 
 
 def step_shapes(rng: random.Random, n: int) -> list[tuple[int, int]]:

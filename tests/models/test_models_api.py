@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from localserve.engine.backend import GenerativeBackend
-from localserve.engine.faults import WrappedBackend
+from localserve.engine.step.faults import WrappedBackend
 from localserve.engine.types import StepPlan, StepResult
 from localserve.models.plan import LoadReport
 from localserve.models.registry import ModelRegistry, ModelSpec

@@ -20,7 +20,7 @@ import pytest
 from localserve.config import ServerSettings
 from localserve.engine.backend import BackendInfo, GenerativeBackend, OneShotBackend
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE
-from localserve.engine.oneshot_queue import OneShotQueueConfig
+from localserve.engine.oneshot.queue import OneShotQueueConfig
 from localserve.engine.types import Capacity, FinishReason, TokenEvent
 from localserve.errors import (
     EngineStoppedError,

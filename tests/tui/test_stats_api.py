@@ -15,7 +15,7 @@ import pytest
 
 from localserve.api.admin.stats import add_one_shot_provider, set_batches_provider
 from localserve.api.state import REGISTRY
-from localserve.engine.oneshot_stats import OneShotQueueSnapshot
+from localserve.engine.oneshot.stats import OneShotQueueSnapshot
 from localserve.models.kinds import ModelKind
 from localserve.models.policy import FOREVER
 from localserve.models.registry import LoadedOneShot, ModelRecord, ModelSpec

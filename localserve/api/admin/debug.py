@@ -2,7 +2,7 @@
 
 With the environment variable `LOCALSERVE_ENABLE_FAULTS=1` (and only then)
 every generative model the server loads runs through an
-`engine.faults.FaultInjectingBackend`, and the server has one more route:
+`engine.step.faults.FaultInjectingBackend`, and the server has one more route:
 
 * `POST /api/v1/debug/fault` `{"model": ID, "steps": N}` - the next N engine
   steps of that model raise inside the step, as a failing backend would.
@@ -23,7 +23,7 @@ from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY, engine_of
-from localserve.engine.faults import FaultInjectingBackend
+from localserve.engine.step.faults import FaultInjectingBackend
 from localserve.errors import InvalidRequestError
 from localserve.serving.models import hold_chat_model
 

@@ -19,7 +19,7 @@ is copied on the hot path):
   `localserve_queue_wait_seconds{priority}` and
   `localserve_inter_token_latency_seconds{priority}`: histograms by priority
   class (`interactive`, `default`, `batch`), the engine's own record
-  (`engine.stats.ModelStats`, timed on the step thread), so that they agree
+  (`engine.step.stats.ModelStats`, timed on the step thread), so that they agree
   with `/api/v1/stats`
 * one-shot queues (embeddings, speech): `localserve_oneshot_padding_ratio`,
   `localserve_oneshot_mean_batch_size`, `localserve_oneshot_queue_items`,
@@ -48,8 +48,8 @@ from localserve.api.admin.disk_watch import DISK_WATCH, DiskWatch
 from localserve.api.http_edge import ABANDONED, CLIENT_CLOSED, log_abandoned
 from localserve.api.routes import Route, add_routes
 from localserve.api.state import REGISTRY
-from localserve.engine.prefix_disk import DiskTierStats
-from localserve.engine.stats import Histogram, ModelSnapshot
+from localserve.engine.step.prefix_disk import DiskTierStats
+from localserve.engine.step.stats import Histogram, ModelSnapshot
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.models.registry import ModelRegistry
 from localserve.models.registry.views import OneShotStats

@@ -67,7 +67,7 @@ from localserve.api.routes import Route, add_routes
 from localserve.api.sse import SseWriter
 from localserve.api.state import REGISTRY
 from localserve.backends.devices import cached_snapshot
-from localserve.engine.stats import ModelSnapshot
+from localserve.engine.step.stats import ModelSnapshot
 from localserve.engine.types import PRIORITY_ALIASES, priority_class
 from localserve.errors import InvalidRequestError
 from localserve.models.registry import ModelRegistry

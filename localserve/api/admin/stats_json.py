@@ -1,6 +1,6 @@
 """The engine's and the queues' stats snapshots as JSON: the one place
-where the typed snapshots (`engine/stats.py`, `engine/oneshot_stats.py`,
-`engine/batch_policy.py`) become the dicts `/api/v1/stats` serves (its
+where the typed snapshots (`engine/step/stats.py`, `engine/oneshot/stats.py`,
+`engine/step/batch_policy.py`) become the dicts `/api/v1/stats` serves (its
 shape is in `api/admin/stats.py`; tests/api/test_stats_shape.py pins the keys).
 `/metrics` reads the snapshots' fields directly."""
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from localserve.engine.batch_policy import BatchPolicySnapshot
-from localserve.engine.oneshot_stats import OneShotQueueSnapshot
-from localserve.engine.prefix_disk import DiskTierStats
-from localserve.engine.stats import ModelRates, ModelSnapshot, SchedulerSnapshot, SeqSnapshot
+from localserve.engine.oneshot.stats import OneShotQueueSnapshot
+from localserve.engine.step.batch_policy import BatchPolicySnapshot
+from localserve.engine.step.prefix_disk import DiskTierStats
+from localserve.engine.step.stats import ModelRates, ModelSnapshot, SchedulerSnapshot, SeqSnapshot
 from localserve.engine.threads import ThreadState
 
 

@@ -335,7 +335,7 @@ class LlamaCppBackend(GenerativeBackend):
         self, rows: _LogitsRows, chunk: SeqChunk, index: int, token_id: int, drafts: tuple[int, ...]
     ) -> tuple[SampledToken, ...]:
         """Sample at each draft position while the token sampled before it
-        equals the draft (engine/speculation.py): the tokens sampled after
+        equals the draft (engine/step/speculation.py): the tokens sampled after
         each accepted draft, in order."""
         out: list[SampledToken] = []
         for offset, draft in enumerate(drafts, start=1):

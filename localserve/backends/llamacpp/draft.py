@@ -11,7 +11,7 @@ only the rest. Catch-up for every sequence is one `llama_decode`, then one
 `llama_decode` per drafted position for those still drafting.
 
 A greedy draft is certain (q is one-hot), so the target verifies it by
-sampling and comparing (engine/speculation.py): the output distribution is
+sampling and comparing (engine/step/speculation.py): the output distribution is
 the target's whatever the draft model says.
 """
 

@@ -1,6 +1,6 @@
 """KV-cache edits on a llama.cpp context: trims and copies between slots,
 and the save / restore of a slot's state for the prefix cache's disk tier
-(engine/prefix_disk.py): `llama_state_seq_get_data` / `_set_data`."""
+(engine/step/prefix_disk.py): `llama_state_seq_get_data` / `_set_data`."""
 
 from __future__ import annotations
 

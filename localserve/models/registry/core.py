@@ -51,8 +51,8 @@ from pathlib import Path
 from localserve.config import ServerSettings
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
 from localserve.engine.engine import SWAPPED_OUT_MESSAGE, Engine, EngineConfig
-from localserve.engine.oneshot_queue import OneShotQueue, OneShotQueueConfig
-from localserve.engine.scheduler import SchedulerConfig
+from localserve.engine.oneshot.queue import OneShotQueue, OneShotQueueConfig
+from localserve.engine.step.scheduler import SchedulerConfig
 from localserve.engine.types import Capacity
 from localserve.errors import InvalidRequestError, LocalServeError, ModelLoadingError, ModelNotFoundError
 from localserve.models.catalog import ModelOptions

@@ -9,7 +9,7 @@ import logging
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
-from localserve.engine.oneshot_queue import OneShotQueueConfig
+from localserve.engine.oneshot.queue import OneShotQueueConfig
 from localserve.errors import InvalidRequestError
 from localserve.models.backend_registry import BackendContext, Opened, as_opened, named
 from localserve.models.kinds import ModelKind, kind_of

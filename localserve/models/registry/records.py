@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from localserve.engine.backend import GenerativeBackend, OneShotBackend
-from localserve.engine.oneshot_queue import OneShotQueue
+from localserve.engine.oneshot.queue import OneShotQueue
 from localserve.models.kinds import ModelKind
 from localserve.models.plan import LoadReport
 from localserve.models.policy import FOREVER

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from localserve.engine.engine import Engine
-from localserve.engine.oneshot_stats import OneShotQueueSnapshot
+from localserve.engine.oneshot.stats import OneShotQueueSnapshot
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotFoundError
 from localserve.models.kinds import ROUTES, Kinds, ModelKind, kind_in, kinds_text
 from localserve.models.policy import FOREVER, format_keep_alive

@@ -129,7 +129,7 @@ class ServingLineExecutor:
         """The model's slots. How many of them compute in each step beside
         other requests is the scheduler's call (the batch policy admits batch
         work while the predicted step stays within the interactive latency
-        targets, `engine/batch_policy.py`)."""
+        targets, `engine/step/batch_policy.py`)."""
         if self.concurrency:
             return self.concurrency
         if endpoint in ONESHOT_ENDPOINTS:

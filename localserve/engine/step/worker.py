@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localserve.engine.backend import GenerativeBackend
-from localserve.engine.batch_policy import BatchPolicySnapshot
-from localserve.engine.output_processor import OutputProcessor
-from localserve.engine.prefix_disk import DiskPrefixStore
-from localserve.engine.queue_count import QueueCount
-from localserve.engine.scheduler import Scheduler, SchedulerConfig
-from localserve.engine.sequence import SeqStatus
-from localserve.engine.stats import ModelStats, SchedulerSnapshot, StepPublisher
+from localserve.engine.step.batch_policy import BatchPolicySnapshot
+from localserve.engine.step.output_processor import OutputProcessor
+from localserve.engine.step.prefix_disk import DiskPrefixStore
+from localserve.engine.step.queue_count import QueueCount
+from localserve.engine.step.scheduler import Scheduler, SchedulerConfig
+from localserve.engine.step.sequence import SeqStatus
+from localserve.engine.step.stats import ModelStats, SchedulerSnapshot, StepPublisher
 from localserve.engine.threads import ThreadChooser, ThreadState, shared_cpu_use
 from localserve.engine.types import FinishReason, GenerateRequest, StepPlan, StepResult, TokenEvent
 
@@ -129,7 +129,7 @@ class StepWorker:
     @property
     def num_waiting(self) -> int:
         """Requests that wait for a slot, as the scheduler counts them
-        (`engine/queue_count.py`); read on the event loop."""
+        (`engine/step/queue_count.py`); read on the event loop."""
         return self.queue_count.num_waiting
 
     # ---- the loop ------------------------------------------------------------

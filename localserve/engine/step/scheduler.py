@@ -16,13 +16,13 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from localserve.engine.batch_policy import BatchPolicy, StepGate, reserved_slots
-from localserve.engine.counters import SchedulerCounters
-from localserve.engine.kv_slots import DiskRestores, SlotTable, StepDraft
-from localserve.engine.output_processor import OutputProcessor, ProcessedOutput, SeqOutput, token_event
-from localserve.engine.prefix_disk import DiskPrefixStore
-from localserve.engine.sequence import SeqStatus, Sequence, SequenceTable, Slot
-from localserve.engine.speculation import DraftPlanner, kept_cells
+from localserve.engine.step.batch_policy import BatchPolicy, StepGate, reserved_slots
+from localserve.engine.step.counters import SchedulerCounters
+from localserve.engine.step.kv_slots import DiskRestores, SlotTable, StepDraft
+from localserve.engine.step.output_processor import OutputProcessor, ProcessedOutput, SeqOutput, token_event
+from localserve.engine.step.prefix_disk import DiskPrefixStore
+from localserve.engine.step.sequence import SeqStatus, Sequence, SequenceTable, Slot
+from localserve.engine.step.speculation import DraftPlanner, kept_cells
 from localserve.engine.types import (
     Capacity,
     FinishReason,
@@ -180,7 +180,7 @@ class Scheduler:
         """Everything a step that ran changes, in order: the KV state
         (computed tokens, accepted drafts, the disk tier's restores), the
         output processor's verdict on what each sequence sampled (text and
-        stops, `engine/output_processor.py`), the appends and ends it decides,
+        stops, `engine/step/output_processor.py`), the appends and ends it decides,
         and the step-time model (`result.seconds`, the worker's clock). A
         step whose backend raised (`result.error`) ends its sequences with
         that error. Returns the step's events."""

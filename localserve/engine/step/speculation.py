@@ -52,8 +52,8 @@ import numpy as np
 from localserve.engine.types import Capacity, SchedulerConfig, SeqChunk, StepResult
 
 if TYPE_CHECKING:  # sequence.py holds a SpecState per sequence
-    from localserve.engine.kv_slots import StepDraft
-    from localserve.engine.sequence import Sequence
+    from localserve.engine.step.kv_slots import StepDraft
+    from localserve.engine.step.sequence import Sequence
 
 NGRAM_SIZES = (4, 3, 2)  # longest first: a longer match predicts better
 #: A tail that matches an earlier passage for at least this many tokens is

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from localserve.engine.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
-from localserve.engine.sequence import Sequence, Slot, common_prefix_len
+from localserve.engine.step.prefix_disk import BLOCK, DiskPrefixStore, chain_hashes
+from localserve.engine.step.sequence import Sequence, Slot, common_prefix_len
 from localserve.engine.types import KvOp, KvOpKind, SeqChunk, StepPlan, StepResult
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localserve.engine.scheduler import Scheduler
+from localserve.engine.step.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)

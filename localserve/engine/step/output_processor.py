@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from localserve.engine.output import OutputText
-from localserve.engine.sequence import Sequence
+from localserve.engine.step.output import OutputText
+from localserve.engine.step.sequence import Sequence
 from localserve.engine.types import FinishReason, SampledToken, TokenEvent, TokenLogprob
 
 

@@ -6,12 +6,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localserve.engine.output import OutputText
-from localserve.engine.speculation import SpecState
+from localserve.engine.step.output import OutputText
+from localserve.engine.step.speculation import SpecState
 from localserve.engine.types import FinishReason, GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from localserve.engine.prefix_disk import Prefetch
+    from localserve.engine.step.prefix_disk import Prefetch
 
 
 class SeqStatus(enum.Enum):

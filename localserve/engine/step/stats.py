@@ -34,11 +34,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from localserve.engine.batch_policy import BatchPolicySnapshot
-from localserve.engine.prefix_disk import DiskPrefixStore, DiskTierStats
-from localserve.engine.queue_count import QueueCount
-from localserve.engine.scheduler import Scheduler
-from localserve.engine.sequence import SeqStatus
+from localserve.engine.step.batch_policy import BatchPolicySnapshot
+from localserve.engine.step.prefix_disk import DiskPrefixStore, DiskTierStats
+from localserve.engine.step.queue_count import QueueCount
+from localserve.engine.step.scheduler import Scheduler
+from localserve.engine.step.sequence import SeqStatus
 from localserve.engine.threads import ThreadState
 from localserve.engine.types import PRIORITY_ALIASES, TokenEvent, priority_class
 
@@ -350,7 +350,7 @@ class StepPublisher:
         self.batch_policy = scheduler.policy.snapshot()  # what batch admission did, for stats
 
     def queue(self) -> None:
-        """The queue limit's count (engine/queue_count.py), after the inbox or the scheduler moved."""
+        """The queue limit's count (engine/step/queue_count.py), after the inbox or the scheduler moved."""
         self._queue_count.publish(self._scheduler)
 
     def step_started(self, running_request_ids: list[str], now: float) -> None:

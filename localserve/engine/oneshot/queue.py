@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from localserve.engine.backend import OneShotBackend
-from localserve.engine.oneshot_plan import choose_dispatch, padding_of, plan_groups
-from localserve.engine.oneshot_stats import OneShotQueueSnapshot, OneShotQueueStats
+from localserve.engine.oneshot.plan import choose_dispatch, padding_of, plan_groups
+from localserve.engine.oneshot.stats import OneShotQueueSnapshot, OneShotQueueStats
 from localserve.engine.threads import ThreadChooser, shared_cpu_use
 from localserve.engine.types import PRIORITY_ALIASES
 from localserve.errors import BackendError, EngineStoppedError, LocalServeError, QueueFullError

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from localserve.engine.step_model import StepTimeModel
+from localserve.engine.step.step_model import StepTimeModel
 from localserve.engine.types import SchedulerConfig
 
 EWMA_WEIGHT = 0.25  # of the newest arrival gap and interactive prompt length
