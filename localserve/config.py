@@ -80,7 +80,10 @@ class ServerSettings:
     temp: float = 0.8  # /completion and /infill's temperature when the request sets none (llama-server's --temp)
     seed: int = -1  # ... and their seed (llama-server's --seed); -1: random
     chat_template_file: str = ""  # a Jinja chat template every chat model uses instead of its own
+    chat_template: str = ""  # ... or a built-in name (chatml, llama3, command-r, ...) or Jinja text (the file wins)
     no_slots: bool = False  # GET /slots answers 501 (llama-server's --no-slots)
+    no_metrics: bool = False  # GET /metrics answers 501 (llama-server without --metrics)
+    verbose: bool = False  # chat answers carry llama-server's `__verbose` unless a request says `verbose: false`
     slot_save_path: str = ""  # where /slots/{id}?action=save|restore keeps prompt caches; "": those actions are 501
     keep_alive: str = ""  # idle time before unloading ("5m", "30s", 0, -1); "" = 5m on demand, start-up models stay
 

@@ -55,9 +55,11 @@ class NotUnicodeError(InvalidRequestError):
 
 
 class ContextLengthError(InvalidRequestError):
-    """A prompt the context cannot hold; with the counts, the envelope carries
-    `n_prompt_tokens` and `n_ctx` as llama-server's `exceed_context_size_error` does."""
+    """A prompt the context cannot hold: llama-server's type, OpenAI's code
+    (what clients match on), and with the counts the envelope carries
+    `n_prompt_tokens` and `n_ctx` as llama-server's error does."""
 
+    type = "exceed_context_size_error"
     code = "context_length_exceeded"
 
     def __init__(
@@ -115,6 +117,14 @@ class ModelNotDownloadedError(ModelNotFoundError):
     """A model the catalog knows, not on this machine: a client that names it
     means it (never served by another model instead); the message says how
     to get it."""
+
+
+class NotSupportedError(LocalServeError):
+    """A llama-server feature this server has switched off or does not have
+    (llama-server's `not_supported_error`)."""
+
+    status = 501
+    type = "not_supported_error"
 
 
 class PayloadTooLargeError(LocalServeError):

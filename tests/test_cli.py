@@ -166,7 +166,10 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_TEMP": "0.2",
         "LOCALSERVE_SEED": "42",
         "LOCALSERVE_CHAT_TEMPLATE_FILE": "/t/chat.jinja",
+        "LOCALSERVE_CHAT_TEMPLATE": "chatml",
         "LOCALSERVE_NO_SLOTS": "1",
+        "LOCALSERVE_NO_METRICS": "1",
+        "LOCALSERVE_VERBOSE": "1",
         "LOCALSERVE_SLOT_SAVE_PATH": "/t/slots",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
@@ -210,7 +213,10 @@ def test_every_option_reads_its_env_var() -> None:
         temp=0.2,
         seed=42,
         chat_template_file="/t/chat.jinja",
+        chat_template="chatml",
         no_slots=True,
+        no_metrics=True,
+        verbose=True,
         slot_save_path="/t/slots",
     )
 
@@ -219,6 +225,12 @@ def test_repeated_flags_replace_the_env_list() -> None:
     env = {"LOCALSERVE_MODEL": "from-env.gguf"}
     settings = cli.settings_from_args(["--model", "one.gguf", "--model", "two=/m/two.gguf"], env)
     assert settings.models == ["one.gguf", "two=/m/two.gguf"]
+
+
+def test_a_chat_template_is_a_builtin_name_or_jinja() -> None:
+    assert cli.settings_from_args(["--chat-template", "{{ messages }}"], {}).chat_template == "{{ messages }}"
+    with pytest.raises((SystemExit, cli.CliError)):
+        cli.settings_from_args(["--chat-template", "no-such-format"], {})
 
 
 def test_empty_env_var_is_ignored() -> None:

@@ -44,7 +44,7 @@ from localserve.api.middleware import auth_middleware, body_timeout_middleware, 
 from localserve.api.ollama import routes as ollama
 from localserve.api.openai import audio, batches, embeddings, rerank, responses
 from localserve.api.openai.batch_service import JOBS
-from localserve.api.openai.chat import chat_completions
+from localserve.api.openai.chat import chat_completions, chat_input_tokens
 from localserve.api.openai.completions import completions
 from localserve.api.openai.models import get_model, list_models
 from localserve.api.routes import API_PREFIXES, Route, add_routes
@@ -52,6 +52,7 @@ from localserve.api.security import cors_middleware, cors_response_headers, host
 from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
 from localserve.models.registry import ModelRegistry
+from localserve.serving.builtin_templates import chat_template_source
 from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.serving.prompts import TemplateCache
 
@@ -94,6 +95,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
             # Any id: a bad one is a 400, not a 405.
             Route("GET", prefix + r"/models/{model_id:[\s\S]+}", get_model, response=ModelObject),
             Route("POST", f"{prefix}/chat/completions", chat_completions, ChatCompletionRequest, ChatCompletion),
+            Route("POST", f"{prefix}/chat/completions/input_tokens", chat_input_tokens, ChatCompletionRequest),
         )
         if prefix:  # llama-server's unprefixed /completions is its native one (api.llamacpp.completion)
             add_routes(app, Route("POST", f"{prefix}/completions", completions, CompletionRequest, TextCompletion))
@@ -123,10 +125,10 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
 
 
 def _template_override(settings: ServerSettings) -> str | None:
-    """The text of `--chat-template-file`, if given (read once, at start)."""
-    if not settings.chat_template_file:
-        return None
-    return Path(settings.chat_template_file).expanduser().read_text(encoding="utf-8")
+    """The text of `--chat-template-file` (read once, at start), else `--chat-template`'s, if given."""
+    if settings.chat_template_file:
+        return Path(settings.chat_template_file).expanduser().read_text(encoding="utf-8")
+    return chat_template_source(settings.chat_template) if settings.chat_template else None
 
 
 # ---- lifecycle ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from localserve.backends.device_names import canonical_device, vocabulary
 from localserve.backends.kv_types import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localserve.cli.models import keep_alive_option, max_loaded_models_option
 from localserve.config import MODEL_DEFAULTS, ServerSettings
+from localserve.serving.builtin_templates import chat_template_source
 
 ENV_PREFIX = "LOCALSERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -26,6 +27,15 @@ class CliError(Exception):
 
 
 # ---- option table (flag -> ServerSettings field -> LOCALSERVE_* variable) -----
+
+
+def chat_template_option(text: str) -> str:
+    """An argparse type: a built-in chat template name or a Jinja template."""
+    try:
+        chat_template_source(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -388,7 +398,32 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "a Jinja chat template file that every chat model uses instead of its own",
         "FILE",
     ),
+    Option(
+        "--chat-template",
+        "chat_template",
+        chat_template_option,
+        "a built-in chat template name (chatml, command-r, gemma, llama3, phi3, zephyr) or a Jinja template that "
+        "every chat model uses instead of its own, as llama-server's --chat-template (--chat-template-file wins)",
+        "NAME",
+    ),
     Option("--no-slots", "no_slots", boolean, "GET /slots answers 501 (as llama-server's --no-slots)", "", switch=True),
+    Option(
+        "--verbose",
+        "verbose",
+        boolean,
+        "chat answers carry llama-server's __verbose object (the prompt, the counts, the timings) unless a request "
+        "sets verbose false, as llama-server's --verbose",
+        "",
+        switch=True,
+    ),
+    Option(
+        "--no-metrics",
+        "no_metrics",
+        boolean,
+        "GET /metrics answers 501 (as llama-server without --metrics)",
+        "",
+        switch=True,
+    ),
     Option(
         "--slot-save-path",
         "slot_save_path",

@@ -98,6 +98,7 @@ class ChoiceStream:
         self.index = index
         self.token_ids: list[int] = []
         self.first_token_ns = 0
+        self.num_cached_tokens = 0  # of the prompt, as the first token's event told
         self.parser = ToolCallParser() if tools else None
         self.thinking = ReasoningParser(reasoning) if reasoning is not None else None
         self._stops = stops
@@ -107,7 +108,9 @@ class ChoiceStream:
     def note(self, event: TokenEvent) -> None:
         """Count an event's tokens (every event goes through here)."""
         if event.token_ids:
-            self.first_token_ns = self.first_token_ns or time.monotonic_ns()
+            if not self.first_token_ns:
+                self.first_token_ns = time.monotonic_ns()
+                self.num_cached_tokens = event.num_cached_tokens
             self.token_ids.extend(event.token_ids)
 
     def deltas(self, event: TokenEvent) -> list[Delta]:
@@ -215,6 +218,14 @@ class Answer:
     def first_token_ns(self, index: int) -> int:
         """`time.monotonic_ns()` at choice `index`'s first token (0: none yet)."""
         return self._choices[index].first_token_ns
+
+    def num_cached_tokens(self, index: int) -> int:
+        """Prompt tokens of choice `index` reused from the prefix cache (known at its first token)."""
+        return self._choices[index].num_cached_tokens
+
+    def num_prompt_tokens(self, index: int) -> int:
+        """The length of choice `index`'s prompt."""
+        return self._num_prompt_tokens(index)
 
     def token_ids(self, index: int) -> list[int]:
         """The output token ids of choice `index` so far."""

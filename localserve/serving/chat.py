@@ -10,10 +10,10 @@ from localserve.errors import InvalidRequestError
 from localserve.serving.answer import Answer, submit
 from localserve.serving.grammar import grammar_for
 from localserve.serving.models import ChatModel, ModelHost, open_chat_model
-from localserve.serving.prompts import chat_prompt, render_messages
+from localserve.serving.prompts import chat_prompt, chat_text
 from localserve.serving.reasoning import ReasoningFormat, reasoning_grammar
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
-from localserve.serving.types import ChatRequest
+from localserve.serving.types import ChatRequest, Message
 
 
 async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -> Answer:
@@ -70,7 +70,8 @@ async def chat_prompt_ids(
     """The prompt's token ids, rendered and tokenized off the event loop (a
     long conversation takes a while, and the loop must keep streaming)."""
     template = model.template
-    messages, tools = prompt_messages([m.for_template() for m in request.messages], plan, template)
+    history, continuation = split_continuation(request)
+    messages, tools = prompt_messages([m.for_template() for m in history], plan, template)
     return await asyncio.to_thread(
         chat_prompt,
         template,
@@ -80,7 +81,34 @@ async def chat_prompt_ids(
         param=request.prompt_param,
         thinking=thinking,
         reasoning=reasoning,
+        add_generation_prompt=request.add_generation_prompt,
+        continuation=continuation,
     )
+
+
+def split_continuation(request: ChatRequest) -> tuple[tuple[Message, ...], str | None]:
+    """The messages to render, and the text of the last one when the answer
+    continues it: when asked (`continue_final`), or by default when the
+    conversation ends with an assistant message without tool calls
+    (llama-server's prefill, Anthropic's too)."""
+    messages = request.messages
+    last = messages[-1] if messages else None
+    wanted = request.continue_final
+    if wanted is False or last is None or (wanted is None and (last.role != "assistant" or last.tool_calls)):
+        return messages, None
+    if last.role != "assistant":
+        raise InvalidRequestError(
+            "continue_final_message needs the last message to be the assistant's", param=request.prompt_param
+        )
+    if last.tool_calls:
+        raise InvalidRequestError(
+            "Cannot continue an assistant message that contains tool calls.", param=request.prompt_param
+        )
+    if wanted is None and len(messages) >= 2 and messages[-2].role == "assistant":
+        raise InvalidRequestError(
+            "Cannot have 2 or more assistant messages at the end of the list.", param=request.prompt_param
+        )
+    return messages[:-1], last.content
 
 
 async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:
@@ -89,19 +117,21 @@ async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:
     return len(await chat_prompt_ids(model, request, plan_tools(request.tools)))
 
 
-async def render_chat(host: ModelHost, request: ChatRequest, *, add_generation_prompt: bool = True) -> tuple[str, str]:
+async def render_chat(host: ModelHost, request: ChatRequest) -> tuple[str, str]:
     """The model id and the prompt text `request` renders to through the
     model's template, with its tools as the chat path gives them (nothing
     is tokenized or generated: llama-server's `/apply-template`)."""
     model = await open_chat_model(host, request.model)
     template = model.template
-    messages, tools = prompt_messages([m.for_template() for m in request.messages], plan_tools(request.tools), template)
+    history, continuation = split_continuation(request)
+    messages, tools = prompt_messages([m.for_template() for m in history], plan_tools(request.tools), template)
     text = await asyncio.to_thread(
-        render_messages,
+        chat_text,
         template,
         messages,
         tools,
-        add_generation_prompt=add_generation_prompt,
+        add_generation_prompt=request.add_generation_prompt,
+        continuation=continuation,
         thinking=thinks(host, request),
         reasoning=ReasoningFormat.of(template),
     )

@@ -12,7 +12,7 @@ from typing import Protocol, TypeGuard, runtime_checkable
 import numpy as np
 
 from localserve.engine.types import PRIORITY_ALIASES
-from localserve.errors import BackendError, InvalidRequestError
+from localserve.errors import BackendError, ContextLengthError, InvalidRequestError
 from localserve.models.kinds import ModelKind
 from localserve.models.matryoshka import dimensions_resize
 from localserve.serving.models import ModelHost, hold_oneshot_model
@@ -55,7 +55,7 @@ class EmbeddingsRequest:
     token. No inputs: the model is held (loaded) and no vector made."""
 
     model: str
-    inputs: tuple[str | tuple[int, ...], ...]
+    inputs: tuple[str | tuple[int | str, ...], ...]  # texts, token ids (text pieces among them are tokenized)
     dimensions: int | None = None
     priority: float = PRIORITY_ALIASES["default"]
     param: str = "input"
@@ -79,11 +79,12 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
         raise BackendError(f"model {request.model!r}: its backend does not make embeddings")
     # Shorter vectors only from Matryoshka-trained models (models/matryoshka.py); 400 otherwise.
     resize = dimensions_resize(request.model, model.spec.path, backend.n_embd, request.dimensions)
-    limit = getattr(backend, "max_input_tokens", None) if request.truncate else None
+    limit = getattr(backend, "max_input_tokens", None)
+    args = (backend, request.inputs, request.param, limit, request.truncate)
     if sum(len(x) for x in request.inputs) <= INLINE_TOKENIZE_CHARS:
-        items = _token_lists(backend, request.inputs, request.param, limit)
+        items = _token_lists(*args)
     else:
-        items = await asyncio.to_thread(_token_lists, backend, request.inputs, request.param, limit)
+        items = await asyncio.to_thread(_token_lists, *args)
     vectors = await model.queue.submit(items, priority=request.priority)
     if resize is not None:
         vectors = [resize(vector) for vector in vectors]
@@ -107,20 +108,54 @@ def _is_embedder(backend: object) -> TypeGuard[Embedder]:
 
 
 def _token_lists(
-    backend: Embedder, inputs: Sequence[str | tuple[int, ...]], name: str, limit: int | None
+    backend: Embedder,
+    inputs: Sequence[str | tuple[int | str, ...]],
+    name: str,
+    limit: int | None,
+    truncate: bool,
 ) -> list[tuple[int, ...]]:
-    """Tokenize texts (cut to `limit` tokens if given), check token lists;
-    400 naming the bad input."""
+    """Tokenize texts (with `truncate`, cut to the model's `limit`), check
+    token lists; 400 naming the bad input. An empty text is the model's
+    special tokens alone, as llama-server embeds it."""
     items = []
     for i, entry in enumerate(inputs):
         param = name if len(inputs) == 1 else f"{name}[{i}]"
         if isinstance(entry, str):
-            if not entry:
-                raise InvalidRequestError(f"'{param}' is an empty string; send some text", param=param)
             ids = backend.tokenize(entry)
-            if limit and len(ids) > limit:
+            if not ids:
+                raise InvalidRequestError(f"'{param}' is an empty string; send some text", param=param)
+            if truncate and limit and len(ids) > limit:
                 ids = (*ids[: limit - 1], ids[-1])  # keep the closing special token ([SEP], EOS)
-            items.append(backend.check(ids, param))
+        elif any(isinstance(part, str) for part in entry):
+            ids = _mixed_ids(backend, entry)
         else:
-            items.append(backend.check(entry, param))
+            ids = entry  # type: ignore[assignment]  # token ids only
+        if limit and len(ids) > limit:
+            raise ContextLengthError(
+                f"input ({len(ids)} tokens) is too large to process: this model embeds at most {limit} tokens "
+                f"per input ('{param}'). Shorten or split it.",
+                param=param,
+                n_prompt_tokens=len(ids),
+                n_ctx=limit,
+            )
+        items.append(backend.check(ids, param))
     return items
+
+
+def _mixed_ids(backend: Embedder, parts: Sequence[int | str]) -> tuple[int, ...]:
+    """Token ids with text pieces among them: each piece's tokens without the
+    special tokens the model puts around a whole input (llama-server's mixed prompts)."""
+    around = backend.tokenize("")  # the special tokens alone, e.g. [CLS] [SEP]
+    ids: list[int] = []
+    for part in parts:
+        ids.extend((part,) if isinstance(part, int) else _bare(backend.tokenize(part), around))
+    return tuple(ids)
+
+
+def _bare(ids: tuple[int, ...], around: tuple[int, ...]) -> tuple[int, ...]:
+    """`ids` less the leading and trailing special tokens of `around`."""
+    for lead in range(len(around), -1, -1):
+        trail = len(around) - lead
+        if ids[:lead] == around[:lead] and ids[len(ids) - trail :] == around[lead:] and len(ids) > len(around):
+            return ids[lead : len(ids) - trail]
+    return ids

@@ -5,6 +5,7 @@ turn (Ollama's /api/generate, `localserve run`)."""
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,18 +57,48 @@ def render_messages(
     them). Templates get `enable_thinking` as llama-server gives it; without
     `thinking` the model's think section (`reasoning`, its format) is also
     closed after the generation prompt, for templates that do not close it.
-    Llama 3's templates read today's date from `date_string`, which
-    llama-server gives them too (else they write a date of 2024)."""
+    Llama 3's templates read today's date from `date_string` and
+    FireFunction's from `datetime`, which llama-server gives them too (else
+    they write a date of 2024, or fail); FireFunction's reads the tools as
+    `functions`, a JSON text (empty without tools)."""
+    today = datetime.date.today()
     text = template.render(
         messages,
         add_generation_prompt=add_generation_prompt,
         tools=tools,
         enable_thinking=thinking,
-        date_string=datetime.date.today().strftime("%d %b %Y"),
+        date_string=today.strftime("%d %b %Y"),
+        datetime=today.strftime("%b %d %Y"),
+        functions=json.dumps(list(tools), indent=2) if tools else "",
     )
     if not thinking and reasoning is not None and add_generation_prompt:
         text = reasoning.closed_prompt(text)
     return text
+
+
+def chat_text(
+    template: ChatTemplate,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    thinking: bool = True,
+    reasoning: ReasoningFormat | None = None,
+    add_generation_prompt: bool = True,
+    continuation: str | None = None,
+) -> str:
+    """The prompt text of a chat request: `render_messages`, then the text of
+    the assistant message it continues, if any (llama-server's
+    `continue_final_message`: the generation prompt, then that text)."""
+    if continuation is None:
+        return render_messages(
+            template,
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+            reasoning=reasoning,
+        )
+    return render_messages(template, messages, tools, thinking=thinking, reasoning=reasoning) + continuation
 
 
 def chat_prompt(
@@ -79,10 +110,21 @@ def chat_prompt(
     param: str = "messages",
     thinking: bool = True,
     reasoning: ReasoningFormat | None = None,
+    add_generation_prompt: bool = True,
+    continuation: str | None = None,
 ) -> list[int]:
     """Render `messages` with the generation prompt (`render_messages`), and
-    tokenize the result."""
-    text = render_messages(template, messages, tools, thinking=thinking, reasoning=reasoning)
+    tokenize the result; `continuation` (the text of an assistant message
+    to go on with) follows the generation prompt."""
+    text = chat_text(
+        template,
+        messages,
+        tools,
+        thinking=thinking,
+        reasoning=reasoning,
+        add_generation_prompt=add_generation_prompt,
+        continuation=continuation,
+    )
     token_ids = encode_text(tokenizer, text)
     if not token_ids:
         raise InvalidRequestError("the messages render to an empty prompt", param=param)

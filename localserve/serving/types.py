@@ -122,6 +122,11 @@ class ChatRequest:
     reasoning_budget: int | None = (
         None  # thinking tokens before </think> is forced; None: the server's --reasoning-budget
     )
+    # The prompt's end: the template's generation prompt, or (continue_final) the last message's text
+    # after it, the answer going on from there. None: continue a last assistant message (llama-server's
+    # and Anthropic's prefill); the API refuses both true at once.
+    add_generation_prompt: bool = True
+    continue_final: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,12 +148,9 @@ async def test_concurrent_requests_share_batches(server: ServerThread) -> None:
     ("body", "param", "fragment"),
     [
         ({"model": MODEL, "input": []}, "input", "empty"),
-        ({"model": MODEL, "input": ""}, "input", "empty string"),
-        ({"model": MODEL, "input": ["ok", ""]}, "input[1]", "empty string"),
         ({"model": MODEL, "input": "x", "dimensions": 128}, "dimensions", "384"),
         ({"model": MODEL, "input": "x", "encoding_format": "int8"}, "encoding_format", ""),
         ({"model": MODEL, "input": [101, 99999, 102]}, "input", "vocabulary"),
-        ({"model": MODEL, "input": "word " * 600}, "input", "at most 512 tokens"),
         ({"model": MODEL, "input": "x", "priority": "urgent"}, "priority", "priority"),
     ],
 )
@@ -163,6 +160,26 @@ def test_bad_requests_are_400s_naming_the_field(http: httpx.Client, body: dict, 
     error = response.json()["error"]
     assert error["param"] == param and fragment in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+def test_an_input_over_the_window_is_too_large(http: httpx.Client) -> None:
+    response = http.post("/v1/embeddings", json={"model": MODEL, "input": ["ok", "word " * 600]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1]" and "too large" in error["message"] and "at most 512 tokens" in error["message"]
+    assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 512 and error["n_prompt_tokens"] > 512
+
+
+def test_empty_text_and_mixed_prompts_embed_as_llama_server(http: httpx.Client) -> None:
+    """An empty text is the special tokens alone; token ids may hold text pieces ([12, "text", 13])."""
+    for given, count in (("", 1), (["ok", ""], 2), ([2023, "is a", 3231], 1), (["a test", [2023, "is a", 3231]], 2)):
+        response = http.post("/v1/embeddings", json={"model": MODEL, "input": given})
+        assert response.status_code == 200, response.text
+        assert len(response.json()["data"]) == count
+    whole = http.post("/v1/embeddings", json={"model": MODEL, "input": "this is a test"}).json()
+    mixed = http.post("/v1/embeddings", json={"model": MODEL, "input": [101, 2023, "is a", 3231, 102]}).json()
+    assert whole["usage"]["prompt_tokens"] == mixed["usage"]["prompt_tokens"] == 6
+    assert np.allclose(whole["data"][0]["embedding"], mixed["data"][0]["embedding"], atol=1e-5)
 
 
 def test_no_or_an_unknown_model_means_the_only_embeddings_model(http: httpx.Client) -> None:

@@ -52,6 +52,10 @@ def test_completion_takes_token_ids_mixes_and_lists(server: ServerThread) -> Non
     both = post(server, "/completion", {"prompt": [tokens, PROMPT], "n_predict": 8, "temperature": 0}).json()
     assert isinstance(both, list) and [r["content"] for r in both] == [text, text]
     assert [r["index"] for r in both] == [0, 1]
+    as_json = post(
+        server, "/completion", {"prompt": [tokens, {"prompt_string": PROMPT}], "n_predict": 8, "temperature": 0}
+    )
+    assert [r["content"] for r in as_json.json()] == [text, text]
     head = server.tokenize("The capital of")
     ids = [*head, *server.tokenize(" France is")]
     mixed = complete(server, prompt=[*head, " France is"])  # ids and text in one prompt
@@ -251,3 +255,10 @@ def test_server_temp_and_seed_fill_what_a_body_leaves_out() -> None:
     own = with_server_defaults(NativeCompletionRequest.model_validate({"temperature": 1.0, "seed": 7}), 0.0, 42)
     assert (own.temperature, own.seed) == (1.0, 7)
     assert with_server_defaults(body, 0.8, -1).seed is None  # -1: random, as the body's default
+
+
+def test_a_requests_n_predict_wins_over_the_servers() -> None:
+    """llama-server's rule: `--n-predict` is the default, not a cap."""
+    from localserve.serving.llamacpp.request import n_predict_of
+
+    assert (n_predict_of(80, 64), n_predict_of(-1, 64), n_predict_of(-1, -1), n_predict_of(8, -1)) == (80, 64, -1, 8)

@@ -10,7 +10,8 @@ are valid with SmolLM2 at all (see run_llama_suite.py).
 
 Flags localserve has no counterpart for are dropped (listed on stderr). Where
 llama-server's default differs from localserve's, the shim asks for
-llama-server's: any CORS origin unless `--cors-origins` (or `--tools`) is given.
+llama-server's: any CORS origin unless `--cors-origins` (or `--tools`) is given,
+and `/metrics` off unless `--metrics`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def model_files() -> tuple[Path, Path]:
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --chat-template is not --chat-template-file
     for flag in ("--port", "--host", "--hf-repo", "--hf-file", "--model", "--model-url", "--alias"):
         p.add_argument(flag)
     p.add_argument("-m", dest="model")
@@ -51,6 +52,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--tools")
     p.add_argument("--slot-save-path")
     p.add_argument("--chat-template-file")
+    p.add_argument("--chat-template")
     p.add_argument("--threads", "-t", type=int)
     p.add_argument("--temp", type=float)
     p.add_argument("--seed", type=int)
@@ -62,6 +64,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--reasoning", choices=("on", "off", "auto"))
     p.add_argument("--slots", action="store_true", default=None)
     p.add_argument("--no-slots", dest="slots", action="store_false")
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true")
     p.add_argument("--embedding", "--embeddings", action="store_true")
     p.add_argument("--reranking", action="store_true")
     return p.parse_known_args(argv)
@@ -96,6 +100,7 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
         "--api-key": args.api_key,
         "--slot-save-path": args.slot_save_path,
         "--chat-template-file": args.chat_template_file,
+        "--chat-template": args.chat_template,
         "--cache-type-k": args.cache_type_k,
         "--cache-type-v": args.cache_type_v,
         "--reasoning": args.reasoning,
@@ -114,6 +119,10 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--cors-origin", origin.strip()]
     if args.slots is False:
         argv.append("--no-slots")
+    if not args.metrics:  # llama-server's /metrics is off unless --metrics
+        argv.append("--no-metrics")
+    if args.verbose:
+        argv.append("--verbose")
     return argv
 
 

@@ -29,7 +29,11 @@ Observed as they happen: `localserve_requests_total{model, endpoint, status}`
 by `metrics_middleware` (endpoint: the route's pattern; `model`: what the
 handler noted with `note_model`, empty where it noted none).
 
-Every metric carries a `model` label.
+Every metric carries a `model` label, except llama-server's own families
+(`llamacpp:*`, `api.admin.llamacpp_metrics`), which follow them as
+llama-server writes them. The answer's `Process-Start-Time-Unix` header is
+when the server started, as llama-server sends it. `--no-metrics` answers
+501, as llama-server does without `--metrics`.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from localserve.api.admin.disk_watch import DISK_WATCH, DiskWatch
+from localserve.api.admin.llamacpp_metrics import llamacpp_text
 from localserve.api.http_edge import ABANDONED, CLIENT_CLOSED, log_abandoned
 from localserve.api.routes import Route, add_routes
-from localserve.api.state import REGISTRY
+from localserve.api.state import REGISTRY, SETTINGS
 from localserve.engine.step.prefix_disk import DiskTierStats
 from localserve.engine.step.stats import Histogram, ModelSnapshot
 from localserve.engine.types import PRIORITY_ALIASES
+from localserve.errors import NotSupportedError
 from localserve.models.registry import ModelRegistry
 from localserve.models.registry.views import OneShotStats
 
@@ -69,6 +75,8 @@ class Metrics:
     """The app's registry, its event metrics, and the scrape-time collector."""
 
     def __init__(self, models: ModelRegistry, disk: DiskWatch | None = None) -> None:
+        self.models = models
+        self.started_at = int(time.time())  # llama-server's Process-Start-Time-Unix
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "localserve_requests",
@@ -95,9 +103,16 @@ def note_model(request: web.Request, model_id: str) -> None:
 
 
 async def scrape(request: web.Request) -> web.Response:
-    """`GET /metrics`."""
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """`GET /metrics`: localserve's families, then llama-server's."""
+    if request.app[SETTINGS].no_metrics:
+        raise NotSupportedError("This server does not support metrics endpoint. Start it without --no-metrics.")
+    metrics = request.app[METRICS]
+    models = metrics.models
+    engine = models.engine
+    llama = llamacpp_text(engine.stats(), engine.latency_histograms(), models.oneshot_stats())
+    body = generate_latest(metrics.registry) + llama.encode()
+    headers = {"Content-Type": CONTENT_TYPE_LATEST, "Process-Start-Time-Unix": str(metrics.started_at)}
+    return web.Response(body=body, headers=headers)
 
 
 @web.middleware

@@ -77,7 +77,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
     ]
     headers = {"X-Request-Id": answer.id}
     if body.stream:
-        return await _stream(request, answer, runs, headers)
+        return await _stream(request, body, answer, runs, headers)
     async with answer:
         async for index, event in answer.events():
             runs[index].add(event)
@@ -88,7 +88,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, answer: Answer, runs: list[InfillRun], headers: dict[str, str]
+    request: web.Request, body: NativeCompletionRequest, answer: Answer, runs: list[InfillRun], headers: dict[str, str]
 ) -> web.StreamResponse:
     writer = SseWriter(request, headers)
     try:
@@ -97,6 +97,9 @@ async def _stream(
                 run = runs[index]
                 num_probs = len(run.probs)
                 piece = run.add(event)
+                if body.return_progress and not run.progress_sent:
+                    for progress in run.progress():
+                        await writer.send(progress)
                 if piece or event.token_ids:
                     await writer.send(run.partial(piece, len(run.probs) - num_probs))
                 if event.finished:

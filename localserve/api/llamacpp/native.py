@@ -26,7 +26,7 @@ from localserve.api.middleware import parse_body
 from localserve.api.routes import OBJECT_OR_LIST, Route, add_routes
 from localserve.api.state import REGISTRY, SETTINGS
 from localserve.engine.backend import Tokenizer
-from localserve.errors import InvalidRequestError, LocalServeError
+from localserve.errors import InvalidRequestError, NotSupportedError
 from localserve.serving.chat import render_chat
 from localserve.serving.embeddings import EmbeddingsRequest, embed
 from localserve.serving.llamacpp.request import (
@@ -37,13 +37,7 @@ from localserve.serving.llamacpp.request import (
 )
 from localserve.serving.models import hold_chat_model
 from localserve.serving.openai.convert import chat_request
-
-
-class NotSupportedError(LocalServeError):
-    """llama-server's `not_supported_error` (501)."""
-
-    status = 501
-    type = "not_supported_error"
+from localserve.serving.openai.embeddings import embedding_inputs
 
 
 def register(app: web.Application) -> None:
@@ -97,9 +91,7 @@ async def detokenize(request: web.Request) -> web.Response:
 async def apply_template(request: web.Request) -> web.Response:
     """The prompt a chat request renders to (llama-server's `/apply-template`)."""
     body = await parse_body(request, ApplyTemplateRequest)
-    _, text = await render_chat(
-        RequestModels(request), chat_request(body), add_generation_prompt=body.add_generation_prompt
-    )
+    _, text = await render_chat(RequestModels(request), chat_request(body))
     return web.json_response({"prompt": text})
 
 
@@ -195,13 +187,9 @@ async def embeddings(request: web.Request) -> web.Response:
     value = body.content if body.content is not None else body.input
     if value is None:
         raise InvalidRequestError("'content' is required", param="content")
-    if isinstance(value, str) or (value and all(isinstance(x, int) for x in value)):
-        entries: list[Any] = [value]
-    else:
-        entries = list(value)
-    if not entries:
+    inputs = embedding_inputs(value)
+    if not inputs:
         raise InvalidRequestError("'content' is empty", param="content")
-    inputs = tuple(x if isinstance(x, str) else tuple(x) for x in entries)
     result = await embed(RequestModels(request), EmbeddingsRequest(body.model, inputs, param="content"))
     data = [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(result.vectors)]
     return web.json_response(data)

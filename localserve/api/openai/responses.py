@@ -30,6 +30,7 @@ from localserve.api.middleware import parse_body
 from localserve.api.routes import API_PREFIXES, Route, add_routes
 from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError
+from localserve.serving.answer import Answer
 from localserve.serving.openai.responses import (
     ResponseObject,
     call_item,
@@ -41,6 +42,7 @@ from localserve.serving.openai.responses import (
     whole,
 )
 from localserve.serving.openai.responses_request import ResponsesRequest
+from localserve.serving.timings import answer_timings, prompt_progress
 from localserve.serving.types import (
     ChoiceEnd,
     Delta,
@@ -59,10 +61,19 @@ def register(app: web.Application) -> None:
 
 
 class ResponseEvents:
-    """The streaming events of one answer, numbered from 0."""
+    """The streaming events of one answer, numbered from 0. With `answer`,
+    llama-server's extras as the request asks: `timings` on every event
+    (`timings_per_token`), and before the first output two
+    `response.in_progress` events with `prompt_progress` (`return_progress`:
+    the prompt's cached part, then all of it, as chat streams them)."""
 
-    def __init__(self, response: ResponseObject) -> None:
+    def __init__(
+        self, response: ResponseObject, answer: Answer | None = None, body: ResponsesRequest | None = None
+    ) -> None:
         self.response = response
+        self.answer = answer
+        self.timings_per_token = bool(body and body.timings_per_token)
+        self.return_progress = bool(body and body.return_progress)
         self.sequence_number = 0
         self.message: dict[str, Any] | None = None  # the message item being written
         self.text = ""
@@ -79,6 +90,33 @@ class ResponseEvents:
         return [self._event("response.created", response=state), self._event("response.in_progress", response=state)]
 
     def events(self, delta: Delta) -> list[Event]:
+        if self.answer is None or not (self.timings_per_token or self.return_progress):
+            return self._events(delta)
+        out = self._progress() if self.return_progress else []
+        out += self._events(delta)
+        if self.timings_per_token:
+            timings = answer_timings(self.answer, delta.index)
+            for _, payload in out:
+                payload["timings"] = timings
+        return out
+
+    def _progress(self) -> list[Event]:
+        """The two progress events, once, before the first output."""
+        assert self.answer is not None
+        self.return_progress = False
+        answer = self.answer
+        total, cache = answer.num_prompt_tokens(0), answer.num_cached_tokens(0)
+        done_ms = max(0, answer.first_token_ns(0) - answer.submitted_ns) / 1e6
+        state = self.response.to_json()
+        return [
+            self._event("response.in_progress", response=state, prompt_progress=progress)
+            for progress in (
+                prompt_progress(total=total, cache=cache, processed=cache, time_ms=0.0),
+                prompt_progress(total=total, cache=cache, processed=total, time_ms=done_ms),
+            )
+        ]
+
+    def _events(self, delta: Delta) -> list[Event]:
         if isinstance(delta, ReasoningDelta):
             return self._reasoning(delta.text) if delta.text else []
         if isinstance(delta, TextDelta):
@@ -199,4 +237,4 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     headers = {"X-Request-Id": response.id}
     if not body.stream:
         return web.json_response(await whole(response, answer), headers=headers)
-    return await stream_events(request, answer, ResponseEvents(response), headers=headers)
+    return await stream_events(request, answer, ResponseEvents(response, answer, body), headers=headers)

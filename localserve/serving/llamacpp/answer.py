@@ -14,6 +14,7 @@ from localserve.engine.types import FinishReason, TokenEvent, TokenLogprob
 from localserve.serving.generation import event_error
 from localserve.serving.llamacpp.bias import reported
 from localserve.serving.llamacpp.request import LlamaParams
+from localserve.serving.timings import llama_timings, prompt_progress
 
 
 class LineLimits:
@@ -91,6 +92,8 @@ class InfillRun:
         self.final: TokenEvent | None = None
         self.stop_type = "none"
         self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0
+        self.progress_sent = False
 
     @property
     def stopped(self) -> bool:
@@ -109,6 +112,7 @@ class InfillRun:
                 )
             self.first_token_at = self.first_token_at or now
         self.num_prompt_tokens = event.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = event.num_cached_tokens or self.num_cached_tokens
         if event.finished:
             self.final = event
         piece = self.lines.push(event.text)
@@ -140,7 +144,38 @@ class InfillRun:
         }
         if self.body.n_probs and num_probs:
             out["completion_probabilities"] = self.probs[-num_probs:]
+        if self.body.timings_per_token:
+            out["timings"] = self.timings()
         return out
+
+    def progress(self) -> list[dict[str, Any]]:
+        """`return_progress`'s events, sent before the first token's: the
+        cached part of the prompt, then the whole prompt done (the engine
+        tells both at the first token, and nothing between)."""
+        self.progress_sent = True
+        total, cache = self.num_prompt_tokens, self.num_cached_tokens
+        start = self.partial("")
+        start["prompt_progress"] = prompt_progress(total=total, cache=cache, processed=cache, time_ms=0.0)
+        start["timings"] = llama_timings(prompt_n=0, cache_n=cache, prompt_ms=0.0, predicted_n=0, predicted_ms=0.0)
+        done = self.partial("")
+        prompt_ms = ((self.first_token_at or time.monotonic()) - self.started_at) * 1000
+        done["prompt_progress"] = prompt_progress(total=total, cache=cache, processed=total, time_ms=prompt_ms)
+        done["timings"] = llama_timings(
+            prompt_n=total - cache, cache_n=cache, prompt_ms=prompt_ms, predicted_n=0, predicted_ms=0.0
+        )
+        return [start, done]
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's `timings` so far: the prompt until the first token, the rest since."""
+        end = time.monotonic()
+        first = self.first_token_at or end
+        return llama_timings(
+            prompt_n=max(0, self.num_prompt_tokens - self.num_cached_tokens),
+            cache_n=self.num_cached_tokens,
+            prompt_ms=(first - self.started_at) * 1000,
+            predicted_n=len(self.token_ids),
+            predicted_ms=(end - first) * 1000,
+        )
 
     def _banned_ids(self) -> frozenset[int]:
         """The end-of-generation tokens `ignore_eos` bans."""
@@ -148,14 +183,8 @@ class InfillRun:
 
     def result(self, *, streamed: bool = False) -> dict[str, Any]:
         """llama.cpp's final result object (content empty when streamed)."""
-        end = time.monotonic()
-        first = self.first_token_at or end
-        prompt_ms = (first - self.started_at) * 1000
-        predicted_ms = (end - first) * 1000
-        num_cached = self.final.num_cached_tokens if self.final else 0
-        prompt_n = max(0, self.num_prompt_tokens - num_cached)
+        num_cached = self.num_cached_tokens
         predicted_n = len(self.token_ids)
-        num_steps = max(0, predicted_n - 1)
         body = self.body
         out: dict[str, Any] = {
             "index": self.index,
@@ -186,17 +215,7 @@ class InfillRun:
             "stop_type": self.stop_type,
             "stopping_word": body.stop[0] if self.stop_type == "word" and len(body.stop) == 1 else "",
             "tokens_cached": num_cached,
-            "timings": {
-                "prompt_n": prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-                "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
-                "predicted_n": predicted_n,
-                "predicted_ms": predicted_ms,
-                # The first token comes with the prompt's last batch: the time after it is n - 1 decode steps.
-                "predicted_per_token_ms": predicted_ms / num_steps if num_steps else 0.0,
-                "predicted_per_second": num_steps / predicted_ms * 1000 if num_steps and predicted_ms > 0 else 0.0,
-            },
+            "timings": self.timings(),
         }
         if body.n_probs and not streamed:
             out["completion_probabilities"] = self.probs

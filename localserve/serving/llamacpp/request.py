@@ -61,6 +61,8 @@ class LlamaParams(BaseModel):
     id_slot: int = -1
     logit_bias: LogitBias | None = None
     post_sampling_probs: bool = False  # n_probs as probabilities (`prob`, `top_probs`)
+    timings_per_token: bool = False  # `timings` on every streamed event
+    return_progress: bool = False  # streamed: `prompt_progress` events before the first token
 
 
 LlamaParamsT = TypeVar("LlamaParamsT", bound=LlamaParams)
@@ -78,7 +80,7 @@ Prompt = str | list[PromptPart]
 
 
 class NativeCompletionRequest(LlamaParams):
-    prompt: Prompt | list[Prompt] | dict[str, Any] = ""
+    prompt: Prompt | list[Prompt | dict[str, Any]] | dict[str, Any] = ""
     n_cmpl: int = Field(default=1, ge=1, le=1)  # several completions of one prompt: not here
 
 
@@ -98,14 +100,14 @@ class DetokenizeRequest(BaseModel):
 
 
 class ApplyTemplateRequest(ChatCompletionRequest):
-    add_generation_prompt: bool = True
+    """A chat completion body (`add_generation_prompt`, `continue_final_message` included)."""
 
 
 class NativeEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = ""
-    content: str | list[int] | list[str | list[int]] | None = None
-    input: str | list[int] | list[str | list[int]] | None = None
+    content: str | list[int | str] | list[str | list[int | str]] | None = None
+    input: str | list[int | str] | list[str | list[int | str]] | None = None
 
 
 def with_server_defaults(body: LlamaParamsT, temp: float, seed: int) -> LlamaParamsT:
@@ -138,21 +140,16 @@ def sampling_of(body: LlamaParams, logit_bias: tuple[tuple[int, float], ...] = (
 
 
 def n_predict_of(asked: int, server_default: int) -> int:
-    """llama-server's rule: the request's n_predict, capped by --n-predict."""
-    if asked < 0:
-        return server_default
-    return min(asked, server_default) if server_default >= 0 else asked
+    """llama-server's rule: the request's n_predict, else (-1) the server's --n-predict."""
+    return server_default if asked < 0 else asked
 
 
-def prompts_of(prompt: Prompt | list[Prompt] | dict[str, Any], tokenizer: Any) -> tuple[str | tuple[int, ...], ...]:
+def prompts_of(
+    prompt: Prompt | list[Prompt | dict[str, Any]] | dict[str, Any], tokenizer: Any
+) -> tuple[str | tuple[int, ...], ...]:
     """One entry per prompt: text, or token ids (a mix becomes ids)."""
     if isinstance(prompt, dict):
-        text = prompt.get("prompt_string")
-        if not isinstance(text, str) or prompt.get("multimodal_data"):
-            raise InvalidRequestError(
-                "a JSON prompt needs 'prompt_string'; multimodal data is not supported here", param="prompt"
-            )
-        return (text,)
+        return (_json_prompt(prompt),)
     if isinstance(prompt, str):
         return (prompt,)
     if not prompt:
@@ -161,8 +158,21 @@ def prompts_of(prompt: Prompt | list[Prompt] | dict[str, Any], tokenizer: Any) -
         return (_token_ids(prompt, tokenizer),)  # type: ignore[arg-type]
     out: list[str | tuple[int, ...]] = []
     for entry in prompt:
-        out.append(entry if isinstance(entry, str) else _token_ids(entry, tokenizer))  # type: ignore[arg-type]
+        if isinstance(entry, dict):
+            out.append(_json_prompt(entry))
+        else:
+            out.append(entry if isinstance(entry, str) else _token_ids(entry, tokenizer))  # type: ignore[arg-type]
     return tuple(out)
+
+
+def _json_prompt(prompt: dict[str, Any]) -> str:
+    """llama-server's JSON prompt: `{"prompt_string": text}` (text only here)."""
+    text = prompt.get("prompt_string")
+    if not isinstance(text, str) or prompt.get("multimodal_data"):
+        raise InvalidRequestError(
+            "a JSON prompt needs 'prompt_string'; multimodal data is not supported here", param="prompt"
+        )
+    return text
 
 
 def _token_ids(parts: list[PromptPart], tokenizer: Any) -> tuple[int, ...]:

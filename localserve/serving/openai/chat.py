@@ -11,6 +11,7 @@ from localserve.serving.models import ModelHost
 from localserve.serving.openai.convert import chat_request
 from localserve.serving.openai.schemas import ChatCompletionRequest
 from localserve.serving.openai.wire import AnswerMeta, chat_completion, new_id
+from localserve.serving.types import ChoiceResult
 
 
 async def start(host: ModelHost, body: ChatCompletionRequest) -> tuple[AnswerMeta, Answer]:
@@ -22,6 +23,13 @@ async def start(host: ModelHost, body: ChatCompletionRequest) -> tuple[AnswerMet
 
 async def whole(meta: AnswerMeta, answer: Answer, body: ChatCompletionRequest) -> dict[str, Any]:
     """The `chat.completion` object, once the answer is complete."""
+    return (await whole_and_results(meta, answer, body))[0]
+
+
+async def whole_and_results(
+    meta: AnswerMeta, answer: Answer, body: ChatCompletionRequest
+) -> tuple[dict[str, Any], list[ChoiceResult]]:
+    """`whole`, and the results it was made of (for llama-server's `__verbose`)."""
     async with answer:
         results = await answer.collect()
-    return chat_completion(meta, results, answer.tokenizer, with_logprobs=body.logprobs)
+    return chat_completion(meta, results, answer.tokenizer, with_logprobs=body.logprobs), results

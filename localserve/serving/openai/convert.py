@@ -3,6 +3,7 @@ sampling fields, messages, tools and `response_format`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -75,6 +76,8 @@ def output_format(response_format: ResponseFormat | None, body: SamplingFields |
         return OutputFormat("grammar", param="grammar", schema_param="grammar", text=body.grammar)
     if response_format is None or response_format.type == "text":
         return None
+    if response_format.type == "json_object" and response_format.schema_ is not None:
+        return OutputFormat("json_schema", response_format.schema_, schema_param="response_format.schema")
     if response_format.type == "json_object":
         return OutputFormat("json_object")
     assert response_format.json_schema is not None  # checked by the schema
@@ -91,13 +94,21 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
         num_logprobs=body.num_logprobs,
         priority=parse_priority(body.priority),
     )
+    messages = [message(m) for m in body.messages]
+    last = body.messages[-1]
+    if last.role == "assistant" and isinstance(last.content, list) and body.continue_final_message is not False:
+        # A continued message's parts are joined as llama-server's continuation writes them.
+        texts = [part["text"] for part in last.content if part.get("type") == "text"]
+        messages[-1] = dataclasses.replace(messages[-1], content="\n\n".join(texts))
     return ChatRequest(
         body.model,
-        tuple(message(m) for m in body.messages),
+        tuple(messages),
         options,
         tools=tools(body.tools, body.tool_choice, parallel=body.parallel_tool_calls),
         output=output_format(body.response_format, body),
         think=False if body.reasoning_effort == "none" else None,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final=body.continue_final_message,
     )
 
 

@@ -22,7 +22,8 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = ""  # "": the only embeddings model this server runs (serving/models.py)
-    input: str | list[int] | list[str | list[int]]  # texts, token ids, or a list mixing both
+    # texts, token ids, or lists of them; token ids and text mixed in one prompt ([12, "text", 13]) as llama-server
+    input: str | list[int | str] | list[str | list[int | str]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
@@ -49,14 +50,20 @@ class EmbeddingRequest(BaseModel):
                 raise ValueError(f"at most {MAX_INPUTS} inputs per request; got {len(value)}")
         return value
 
-    def inputs(self) -> list[str | list[int]]:
-        """One entry per vector asked for: a text or a token list."""
-        value = self.input
-        if isinstance(value, str):
-            return [value]
-        if value and all(isinstance(x, int) for x in value):
-            return [value]  # type: ignore[list-item]  # one token list
-        return list(value)  # type: ignore[arg-type]
+    def inputs(self) -> tuple[str | tuple[int | str, ...], ...]:
+        """One entry per vector asked for (`embedding_inputs`)."""
+        return embedding_inputs(self.input)
+
+
+def embedding_inputs(value: str | list[Any]) -> tuple[str | tuple[int | str, ...], ...]:
+    """One entry per vector: a text, or a prompt of token ids (with text
+    pieces among them). A list holding token ids is one prompt; any other
+    list is one prompt per entry, as llama-server reads it."""
+    if isinstance(value, str):
+        return (value,)
+    if any(isinstance(x, int) for x in value):
+        return (tuple(value),)
+    return tuple(x if isinstance(x, str) else tuple(x) for x in value)
 
 
 def _object_text(entry: dict[str, Any]) -> str:
@@ -79,8 +86,7 @@ async def answer(host: ModelHost, body: EmbeddingRequest, *, arrays: bool = Fals
     shortest decimal, which reads back to the same float32, in a tenth of
     the time `json` takes over the list of float64s and in half the bytes).
     """
-    inputs = tuple(x if isinstance(x, str) else tuple(x) for x in body.inputs())
-    request = EmbeddingsRequest(body.model, inputs, body.dimensions, parse_priority(body.priority))
+    request = EmbeddingsRequest(body.model, body.inputs(), body.dimensions, parse_priority(body.priority))
     result = await embed(host, request)
     if body.encoding_format == "base64":
         encode: Any = _base64

@@ -77,7 +77,7 @@ class ResponsesRequest(_Model):
         check_unicode(data)
         return data
 
-    model: str = Field(min_length=1)
+    model: str = ""  # "": the only chat model this server runs (serving/models.py)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -88,6 +88,9 @@ class ResponsesRequest(_Model):
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     stream: bool = False
+    # llama-server's streamed extras: `timings` on every event, and `prompt_progress` events
+    timings_per_token: bool = False
+    return_progress: bool = False
     store: bool | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

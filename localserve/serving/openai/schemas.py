@@ -51,6 +51,8 @@ class JsonSchemaFormat(_Model):
 class ResponseFormat(_Model):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's `{"type": "json_object", "schema": {...}}`: JSON that follows the schema
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
@@ -232,6 +234,21 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     # "none" closes a reasoning model's think section in the prompt; the other efforts change nothing here
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # llama-server's (and vLLM's) prompt controls: a conversation that ends with an assistant message
+    # continues it unless continue_final_message is false; true needs add_generation_prompt false
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None
+    # llama-server's debug fields: `__verbose` (the prompt and its result object), `timings` on every
+    # chunk, and `prompt_progress` chunks before a streamed answer's first token
+    verbose: bool | None = None  # None: the server's --verbose
+    timings_per_token: bool = False
+    return_progress: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt_end(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("Cannot set both add_generation_prompt and continue_final_message to true.")
+        return self
 
     @field_validator("tools")
     @classmethod
