@@ -53,7 +53,7 @@ from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
 from localserve.models.registry import ModelRegistry
 from localserve.serving.builtin_templates import chat_template_source
-from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
 from localserve.serving.prompts import TemplateCache
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
             Route("POST", f"{prefix}/chat/completions/input_tokens", chat_input_tokens, ChatCompletionRequest),
         )
         if prefix:  # llama-server's unprefixed /completions is its native one (api.llamacpp.completion)
-            add_routes(app, Route("POST", f"{prefix}/completions", completions, CompletionRequest, TextCompletion))
+            add_routes(app, Route("POST", f"{prefix}/completions", completions, TextCompletionRequest, TextCompletion))
     add_routes(
         app,
         Route("POST", "/api/v1/requests/{request_id}/cancel", cancel_request),

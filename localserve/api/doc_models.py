@@ -62,7 +62,7 @@ class ModelList(_Doc):
     data: list[ModelObject]
 
 
-class Usage(_Doc):
+class UsageObject(_Doc):
     prompt_tokens: int
     total_tokens: int
 
@@ -79,7 +79,7 @@ class ChatCompletion(_Doc):
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: UsageObject
 
 
 class TextChoice(_Doc):
@@ -94,7 +94,7 @@ class TextCompletion(_Doc):
     created: int
     model: str
     choices: list[TextChoice]
-    usage: Usage
+    usage: UsageObject
 
 
 class Embedding(_Doc):
@@ -107,7 +107,7 @@ class EmbeddingList(_Doc):
     object: Literal["list"]
     data: list[Embedding]
     model: str
-    usage: Usage
+    usage: UsageObject
 
 
 class RerankResult(_Doc):
@@ -120,7 +120,7 @@ class RerankResults(_Doc):
     id: str
     model: str
     results: list[RerankResult]
-    usage: Usage
+    usage: UsageObject
     meta: dict[str, Any]
 
 
@@ -134,7 +134,7 @@ class Scores(_Doc):
     object: Literal["list"]
     model: str
     data: list[Score]
-    usage: Usage
+    usage: UsageObject
 
 
 class Classification(_Doc):
@@ -148,7 +148,7 @@ class Classifications(_Doc):
     object: Literal["list"]
     model: str
     data: list[Classification]
-    usage: Usage
+    usage: UsageObject
 
 
 class ResponseObject(_Doc):

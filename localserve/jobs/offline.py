@@ -127,7 +127,7 @@ async def process_file(
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class AnsweredLine:
     """One line's result: its output (or error) line and what progress counts."""
 
     line: str
@@ -137,7 +137,7 @@ class Answer:
 
 async def answer_line(
     executor: LineExecutor, endpoint: str, model_id: str, custom_id: str, body: dict[str, Any]
-) -> Answer:
+) -> AnsweredLine:
     """Run one line through `executor` as model `model_id`, sending it again
     while the model says "not now", and format its result line."""
     body["model"] = model_id
@@ -149,7 +149,7 @@ async def answer_line(
     body_json = json.dumps(result.body, ensure_ascii=False)
     line = result_line(new_id("batch_req_"), custom_id, result.status_code, result.request_id, body_json)
     usage = result.usage()  # embeddings produce no output tokens: count what they read
-    return Answer(line, result.status_code == 200, usage.get("output_tokens") or usage.get("input_tokens", 0))
+    return AnsweredLine(line, result.status_code == 200, usage.get("output_tokens") or usage.get("input_tokens", 0))
 
 
 async def _run_lines(

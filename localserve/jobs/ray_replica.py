@@ -23,7 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from localserve.jobs.offline import Answer, ModelOpener, answer_line
+from localserve.jobs.offline import AnsweredLine, ModelOpener, answer_line
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ class EngineReplica:
             "working_since": [self.working_since] * len(answers),
         }
 
-    async def _answer_all(self, custom_ids: list[str], bodies: list[dict[str, Any]]) -> list[Answer]:
+    async def _answer_all(self, custom_ids: list[str], bodies: list[dict[str, Any]]) -> list[AnsweredLine]:
         return await asyncio.gather(
             *(
                 answer_line(self._executor, self.endpoint, self._model_id, c, b)

@@ -16,7 +16,7 @@ import pytest
 from localserve.engine.types import FinishReason, TokenEvent
 from localserve.serving.fim import fim_prompt, fim_tokens
 from localserve.serving.llamacpp.answer import InfillRun, LineLimits
-from localserve.serving.llamacpp.request import InfillRequest
+from localserve.serving.llamacpp.request import NativeInfillRequest
 from localserve.serving.types import ExtraChunk
 from tests.api.harness import MODEL_ID, ServerThread, make_settings
 from tests.fixtures.tiny_fim_gguf import FIM_SPECIALS, write_tiny_fim_llama
@@ -154,7 +154,7 @@ def _event(text: str, token_id: int = 1, finish: FinishReason | None = None) -> 
 
 
 def test_time_limit_needs_a_new_line_first() -> None:
-    body = InfillRequest.model_validate({"input_prefix": "", "input_suffix": "", "t_max_predict_ms": 1})
+    body = NativeInfillRequest.model_validate({"input_prefix": "", "input_suffix": "", "t_max_predict_ms": 1})
     run = InfillRun(body, "m", False, 1024, "")
     run.add(_event("a"))
     run.first_token_at -= 1.0  # a second ago
@@ -168,7 +168,7 @@ def test_time_limit_needs_a_new_line_first() -> None:
 
 
 def test_stop_types_and_response_fields() -> None:
-    body = InfillRequest.model_validate(
+    body = NativeInfillRequest.model_validate(
         {"input_prefix": "", "input_suffix": "", "response_fields": ["content", "timings/predicted_n"]}
     )
     eos = InfillRun(body, "m", False, 1024, "")

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from localserve.api.security import HostPolicy, OriginPolicy, host_name
 from localserve.config import ServerSettings
-from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
 from localserve.serving.validation import field_path, from_validation_error
 
 
@@ -97,13 +97,13 @@ def test_origin_policy_same_origin_andmake_settings() -> None:
     [("a", ["a"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]])],
 )
 def test_completion_prompt_shapes(prompt: object, prompts: list[object]) -> None:
-    assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompts == prompts
+    assert TextCompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompts == prompts
 
 
 @pytest.mark.parametrize("prompt", [[], 5, [1, "a"], [-1], [True], [["a"]], {"a": 1}])
 def test_completion_prompt_refused(prompt: object) -> None:
     with pytest.raises(ValidationError) as caught:
-        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+        TextCompletionRequest.model_validate({"model": "m", "prompt": prompt})
     assert from_validation_error(caught.value).param == "prompt"
 
 

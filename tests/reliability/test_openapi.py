@@ -19,7 +19,7 @@ import pytest
 
 from localserve.api.admin.openapi import REF_TEMPLATE, app_routes, build_document
 from localserve.serving.openai.embeddings import EmbeddingRequest
-from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 
@@ -70,7 +70,7 @@ def test_openapi_needs_the_key_and_lists_every_route(server: ServerThread) -> No
     ("path", "model"),
     [
         ("/v1/chat/completions", ChatCompletionRequest),
-        ("/v1/completions", CompletionRequest),
+        ("/v1/completions", TextCompletionRequest),
         ("/v1/embeddings", EmbeddingRequest),
     ],
 )

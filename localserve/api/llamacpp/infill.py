@@ -35,19 +35,19 @@ from localserve.serving.answer import Answer
 from localserve.serving.completions import start_infill
 from localserve.serving.fim import fim_tokens
 from localserve.serving.llamacpp.answer import InfillRun
-from localserve.serving.llamacpp.request import InfillRequest, infill_request, with_server_defaults
+from localserve.serving.llamacpp.request import NativeInfillRequest, infill_request, with_server_defaults
 from localserve.serving.openai.wire import new_id
 
 log = logging.getLogger(__name__)
 
 
 def register(app: web.Application) -> None:
-    add_routes(app, Route("POST", "/infill", infill, InfillRequest))
+    add_routes(app, Route("POST", "/infill", infill, NativeInfillRequest))
 
 
 async def infill(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    body = with_server_defaults(await parse_body(request, InfillRequest), settings.temp, settings.seed)
+    body = with_server_defaults(await parse_body(request, NativeInfillRequest), settings.temp, settings.seed)
     serving_request = infill_request(body, body.model or _default_model(request))
     answer = await start_infill(RequestModels(request), serving_request, answer_id=new_id("infill"))
     n_ctx = answer.model.n_ctx

@@ -20,7 +20,7 @@ from localserve.api.middleware import parse_body
 from localserve.api.sse import stream_answer
 from localserve.engine.backend import Tokenizer
 from localserve.serving.openai.completions import echoes, start, whole
-from localserve.serving.openai.schemas import CompletionRequest
+from localserve.serving.openai.schemas import TextCompletionRequest
 from localserve.serving.openai.wire import AnswerMeta, legacy_logprobs, usage
 from localserve.serving.types import ChoiceEnd, Delta, TextDelta, Usage
 
@@ -83,7 +83,7 @@ class CompletionChunkFormat:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy completion of one or many prompts (text or token ids)."""
-    body = await parse_body(request, CompletionRequest)
+    body = await parse_body(request, TextCompletionRequest)
     meta, answer = await start(RequestModels(request), body)
     headers = {"X-Request-Id": meta.id}
     if not body.stream:

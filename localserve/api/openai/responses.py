@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from localserve.api.doc_models import ResponseObject as ResponseDoc
+from localserve.api.doc_models import ResponseObject
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.routes import API_PREFIXES, Route, add_routes
@@ -32,7 +32,7 @@ from localserve.api.sse import Event, stream_events
 from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
 from localserve.serving.openai.responses import (
-    ResponseObject,
+    ResponseBuilder,
     call_item,
     item_id,
     message_item,
@@ -57,7 +57,7 @@ from localserve.serving.types import (
 
 def register(app: web.Application) -> None:
     for prefix in (*API_PREFIXES, ""):  # "": llama-server's unprefixed route
-        add_routes(app, Route("POST", f"{prefix}/responses", create_response, ResponsesRequest, ResponseDoc))
+        add_routes(app, Route("POST", f"{prefix}/responses", create_response, ResponsesRequest, ResponseObject))
 
 
 class ResponseEvents:
@@ -68,7 +68,7 @@ class ResponseEvents:
     the prompt's cached part, then all of it, as chat streams them)."""
 
     def __init__(
-        self, response: ResponseObject, answer: Answer | None = None, body: ResponsesRequest | None = None
+        self, response: ResponseBuilder, answer: Answer | None = None, body: ResponsesRequest | None = None
     ) -> None:
         self.response = response
         self.answer = answer

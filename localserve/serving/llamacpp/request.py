@@ -68,7 +68,7 @@ class LlamaParams(BaseModel):
 LlamaParamsT = TypeVar("LlamaParamsT", bound=LlamaParams)
 
 
-class InfillRequest(LlamaParams):
+class NativeInfillRequest(LlamaParams):
     input_prefix: str
     input_suffix: str
     input_extra: list[InfillExtra] = Field(default_factory=list)
@@ -208,7 +208,7 @@ def completion_request(
     return serving.CompletionRequest(model_id, prompts, options)
 
 
-def infill_request(body: InfillRequest, model_id: str) -> serving.InfillRequest:
+def infill_request(body: NativeInfillRequest, model_id: str) -> serving.InfillRequest:
     """An `/infill` body as a serving infill request for `model_id` (the
     body's `model`, else the server's choice)."""
     options = Options(

@@ -58,7 +58,7 @@ class OllamaMessage(_Model):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
-    tool_calls: list[schemas.ToolCall] | None = None
+    tool_calls: list[schemas.MessageToolCall] | None = None
     tool_name: str | None = None
 
     @field_validator("images")

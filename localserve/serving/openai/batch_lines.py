@@ -29,7 +29,7 @@ from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels, ModelHost
 from localserve.serving.openai import chat, completions, embeddings, rerank, responses
 from localserve.serving.openai.responses_request import ResponsesRequest
-from localserve.serving.openai.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
 from localserve.serving.validation import from_validation_error
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ async def _chat(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
 
 
 async def _completion(host: ModelHost, data: dict[str, Any]) -> LineAnswer:
-    body = CompletionRequest.model_validate(data)
+    body = TextCompletionRequest.model_validate(data)
     meta, answer = await completions.start(host, body)
     return meta.id, await completions.whole(meta, answer, body)
 

@@ -10,18 +10,18 @@ from localserve.serving.answer import Answer
 from localserve.serving.completions import start_completion
 from localserve.serving.models import ModelHost
 from localserve.serving.openai.convert import completion_request
-from localserve.serving.openai.schemas import CompletionRequest
+from localserve.serving.openai.schemas import TextCompletionRequest
 from localserve.serving.openai.wire import AnswerMeta, new_id, text_completion
 
 
-async def start(host: ModelHost, body: CompletionRequest) -> tuple[AnswerMeta, Answer]:
+async def start(host: ModelHost, body: TextCompletionRequest) -> tuple[AnswerMeta, Answer]:
     """Queue the answer to `body` (the endpoint and batch lines)."""
     answer_id = new_id("cmpl")
     answer = await start_completion(host, completion_request(body), answer_id=answer_id)
     return AnswerMeta(answer_id, answer.model_id), answer
 
 
-async def whole(meta: AnswerMeta, answer: Answer, body: CompletionRequest) -> dict[str, Any]:
+async def whole(meta: AnswerMeta, answer: Answer, body: TextCompletionRequest) -> dict[str, Any]:
     """The `text_completion` object, once the answer is complete."""
     async with answer:
         results = await answer.collect()
@@ -35,7 +35,7 @@ async def whole(meta: AnswerMeta, answer: Answer, body: CompletionRequest) -> di
     )
 
 
-def echoes(body: CompletionRequest, tokenizer: Tokenizer) -> list[str]:
+def echoes(body: TextCompletionRequest, tokenizer: Tokenizer) -> list[str]:
     """The text each choice repeats before its own with `echo` (else "")."""
     if not body.echo:
         return [""] * (len(body.prompts) * body.n)

@@ -12,10 +12,10 @@ from localserve.serving import types as serving
 from localserve.serving.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
-    CompletionRequest,
     NamedToolChoice,
     ResponseFormat,
     SamplingFields,
+    TextCompletionRequest,
     ToolChoice,
     ToolDef,
 )
@@ -112,7 +112,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
     )
 
 
-def completion_request(body: CompletionRequest) -> serving.CompletionRequest:
+def completion_request(body: TextCompletionRequest) -> serving.CompletionRequest:
     """A `/v1/completions` body as a serving request."""
     options = Options(
         sampling=sampling(body),

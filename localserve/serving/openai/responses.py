@@ -21,7 +21,7 @@ def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponseObject:
+class ResponseBuilder:
     """The `response` object of one answer, as it grows (streaming) or whole."""
 
     def __init__(self, response_id: str, model: str, body: ResponsesRequest) -> None:
@@ -106,7 +106,7 @@ def reasoning_item(rs_id: str, text: str, status: str = "completed") -> dict[str
     return {"id": rs_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def whole_response(response: ResponseObject, result: ChoiceResult) -> dict[str, Any]:
+def whole_response(response: ResponseBuilder, result: ChoiceResult) -> dict[str, Any]:
     """A whole answer: the reasoning (for a reasoning model), a message with
     the text (if any, or if there is no call), then one `function_call` item
     per call."""
@@ -119,14 +119,14 @@ def whole_response(response: ResponseObject, result: ChoiceResult) -> dict[str, 
     return response.to_json()
 
 
-async def start(host: ModelHost, body: ResponsesRequest) -> tuple[ResponseObject, Answer]:
+async def start(host: ModelHost, body: ResponsesRequest) -> tuple[ResponseBuilder, Answer]:
     """Queue the answer to `body` (the endpoint and batch lines)."""
     response_id = item_id("resp")
     answer = await start_chat(host, chat_request(body), answer_id=response_id)
-    return ResponseObject(response_id, answer.model_id, body), answer
+    return ResponseBuilder(response_id, answer.model_id, body), answer
 
 
-async def whole(response: ResponseObject, answer: Answer) -> dict[str, Any]:
+async def whole(response: ResponseBuilder, answer: Answer) -> dict[str, Any]:
     """The `response` object, once the answer is complete."""
     async with answer:
         (result,) = await answer.collect()

@@ -112,7 +112,7 @@ class ToolCallFunction(_Model):
     arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; Ollama an object
 
 
-class ToolCall(_Model):
+class MessageToolCall(_Model):
     """A tool call of an earlier assistant message in the history."""
 
     id: str | None = None
@@ -124,7 +124,7 @@ class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages
 
     @field_validator("content")
@@ -293,7 +293,7 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-class CompletionRequest(SamplingFields):
+class TextCompletionRequest(SamplingFields):
     """Body of the legacy `POST /v1/completions`."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
