@@ -14,6 +14,59 @@ from localserve.jobs.types import BATCH_ENDPOINTS
 DEFAULT_CONCURRENCY = 8
 
 
+#: `localserve batch run`'s own options, in --help's order (then the model options of `run`).
+BATCH_RUN_OPTIONS: tuple[cli_options.CommandOption, ...] = (
+    cli_options.command_option("input", metavar="INPUT", help="the batch input file (path or URL)"),
+    cli_options.command_option(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUTPUT",
+        help="where the answers go (path or URL; required, no default)",
+    ),
+    cli_options.command_option(
+        "--model",
+        default=None,
+        metavar="ID_OR_PATH",
+        help="model to use for every request (default: the model named in the file)",
+    ),
+    cli_options.command_option(
+        "--endpoint",
+        default=None,
+        choices=BATCH_ENDPOINTS,
+        help="endpoint every line must name (default: the first line's url)",
+    ),
+    cli_options.command_option(
+        "--concurrency",
+        type=cli_options.int_at_least(1),
+        default=DEFAULT_CONCURRENCY,
+        metavar="N",
+        help=f"requests in flight, and the model's parallel slots (default: {DEFAULT_CONCURRENCY})",
+    ),
+    cli_options.command_option(
+        "--quiet", action="store_true", help="no progress bar (default: a progress bar on stderr)"
+    ),
+    cli_options.command_option(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="answer the lines on a Ray cluster (needs the ray extra): ADDRESS as for ray.init, e.g. auto, "
+        "HOST:6379 or ray://HOST:10001; none: $RAY_ADDRESS, else a new local Ray instance. "
+        "Give it after INPUT, or as --ray=ADDRESS",
+    ),
+    cli_options.command_option(
+        "--replicas",
+        type=cli_options.int_at_least(1),
+        default=None,
+        metavar="N",
+        help="with --ray: engine replicas, one model each, with --concurrency slots and --threads threads "
+        "(default: one per node)",
+    ),
+)
+
+
 def add_batch_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "batch",
@@ -31,52 +84,7 @@ def add_batch_command(subparsers: Any) -> None:
         "requests already answered are skipped. With --ray, a pool of engine replicas on a Ray cluster "
         "answers the lines (Ray Data; see docs/scale-out.md).",
     )
-    run.add_argument("input", metavar="INPUT", help="the batch input file (path or URL)")
-    run.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="OUTPUT",
-        help="where the answers go (path or URL; required, no default)",
-    )
-    run.add_argument(
-        "--model",
-        default=None,
-        metavar="ID_OR_PATH",
-        help="model to use for every request (default: the model named in the file)",
-    )
-    run.add_argument(
-        "--endpoint",
-        default=None,
-        choices=BATCH_ENDPOINTS,
-        help="endpoint every line must name (default: the first line's url)",
-    )
-    run.add_argument(
-        "--concurrency",
-        type=cli_options.int_at_least(1),
-        default=DEFAULT_CONCURRENCY,
-        metavar="N",
-        help=f"requests in flight, and the model's parallel slots (default: {DEFAULT_CONCURRENCY})",
-    )
-    run.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on stderr)")
-    run.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="answer the lines on a Ray cluster (needs the ray extra): ADDRESS as for ray.init, e.g. auto, "
-        "HOST:6379 or ray://HOST:10001; none: $RAY_ADDRESS, else a new local Ray instance. "
-        "Give it after INPUT, or as --ray=ADDRESS",
-    )
-    run.add_argument(
-        "--replicas",
-        type=cli_options.int_at_least(1),
-        default=None,
-        metavar="N",
-        help="with --ray: engine replicas, one model each, with --concurrency slots and --threads threads "
-        "(default: one per node)",
-    )
+    cli_options.add_command_options(run, BATCH_RUN_OPTIONS)
     cli_options.add_options(run, cli_options.RUN_OPTIONS)
     run.set_defaults(handler=cmd_batch_run)
 

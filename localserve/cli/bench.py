@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from localserve.cli.options import CommandOption, add_command_options, command_option
 from localserve.config import DEFAULT_URL
 
 
@@ -32,6 +33,125 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+#: `localserve bench`'s options, in --help's order.
+BENCH_OPTIONS: tuple[CommandOption, ...] = (
+    command_option("--url", default=DEFAULT_URL, metavar="URL", help=f"server base URL (default: {DEFAULT_URL})"),
+    command_option(
+        "--model", default=None, metavar="ID", help="model to ask for (default: the first of GET /v1/models)"
+    ),
+    command_option("--api-key", default=None, metavar="KEY", help="sent as a Bearer token (default: none)"),
+    command_option(
+        "--endpoint",
+        choices=("completions", "chat"),
+        default="completions",
+        help="/v1/completions with a raw prompt, or /v1/chat/completions (default: completions)",
+    ),
+    command_option(
+        "--concurrency",
+        type=_levels_arg,
+        default=None,
+        metavar="N,N,...",
+        help="closed-loop levels: N streams, each sends its next request when the last one ends; "
+        "0 = no load besides the probe (default: 1 unless --rate is given)",
+    ),
+    command_option(
+        "--rate",
+        type=_levels_arg,
+        default=[],
+        metavar="R,R,...",
+        help="open-loop levels: Poisson arrivals at R requests/s (default: none)",
+    ),
+    command_option(
+        "--num-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="requests per level (default: 0 = max(8, 4 x concurrency), or max(8, 20 s x rate))",
+    ),
+    command_option(
+        "--duration",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="end each level after S seconds instead, cutting off requests still running (default: 0 = off)",
+    ),
+    command_option(
+        "--prompt-tokens", type=int, default=128, metavar="N", help="prompt length, about N words (default: 128)"
+    ),
+    command_option(
+        "--output-tokens", type=int, default=128, metavar="N", help="max_tokens of each request (default: 128)"
+    ),
+    command_option(
+        "--no-fixed-output",
+        dest="fixed_output",
+        action="store_false",
+        help="let answers end at EOS; by default every answer is --output-tokens long "
+        "(ignore_eos + min_tokens, where the server honours them)",
+    ),
+    command_option(
+        "--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default: 0, greedy)"
+    ),
+    command_option(
+        "--priority-mix",
+        default="none",
+        metavar="CLASS=SHARE,...",
+        help="priority classes and their shares, e.g. interactive=0.2,batch=0.8, each reported apart; "
+        "'none' sends no priority field (default: none)",
+    ),
+    command_option(
+        "--probe-rate",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="also send probe requests at R/s (Poisson) beside each level, which then ends when they are "
+        "done (default: 0 = no probe)",
+    ),
+    command_option(
+        "--probe-requests", type=int, default=10, metavar="N", help="probe requests per level (default: 10)"
+    ),
+    command_option(
+        "--probe-priority", default="interactive", metavar="P", help="priority of the probe (default: interactive)"
+    ),
+    command_option(
+        "--probe-output-tokens", type=int, default=16, metavar="N", help="max_tokens of a probe (default: 16)"
+    ),
+    command_option(
+        "--probe-prompt-tokens", type=int, default=64, metavar="N", help="prompt length of a probe (default: 64)"
+    ),
+    command_option(
+        "--probe-delay",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="head start of the main load before the first probe (default: 2)",
+    ),
+    command_option(
+        "--slo-ttft-ms", type=float, default=1000.0, metavar="MS", help="goodput SLO on TTFT (default: 1000)"
+    ),
+    command_option(
+        "--slo-itl-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="goodput SLO on the mean inter-token time of a request (default: 100)",
+    ),
+    command_option("--warmup", type=int, default=1, metavar="N", help="unmeasured requests first (default: 1)"),
+    command_option("--pause", type=float, default=1.0, metavar="S", help="idle seconds between levels (default: 1)"),
+    command_option("--seed", type=int, default=0, metavar="S", help="seed of prompts and arrivals (default: 0)"),
+    command_option(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="fields merged into every request body (default: none)",
+    ),
+    command_option("--timeout", type=float, default=600.0, metavar="S", help="limit of one request (default: 600)"),
+    command_option(
+        "--json", dest="json_path", default=None, metavar="PATH", help="write the full results here (default: none)"
+    ),
+)
+
+
 def add_bench_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
@@ -41,101 +161,7 @@ def add_bench_command(subparsers: Any) -> None:
         "end-to-end latency (p50/p95/p99), requests/s, output tokens/s, goodput under SLOs and failures, per "
         "level and per priority class. Prints a markdown table; --json writes everything.",
     )
-    add = parser.add_argument
-    add("--url", default=DEFAULT_URL, metavar="URL", help=f"server base URL (default: {DEFAULT_URL})")
-    add("--model", default=None, metavar="ID", help="model to ask for (default: the first of GET /v1/models)")
-    add("--api-key", default=None, metavar="KEY", help="sent as a Bearer token (default: none)")
-    add(
-        "--endpoint",
-        choices=("completions", "chat"),
-        default="completions",
-        help="/v1/completions with a raw prompt, or /v1/chat/completions (default: completions)",
-    )
-    add(
-        "--concurrency",
-        type=_levels_arg,
-        default=None,
-        metavar="N,N,...",
-        help="closed-loop levels: N streams, each sends its next request when the last one ends; "
-        "0 = no load besides the probe (default: 1 unless --rate is given)",
-    )
-    add(
-        "--rate",
-        type=_levels_arg,
-        default=[],
-        metavar="R,R,...",
-        help="open-loop levels: Poisson arrivals at R requests/s (default: none)",
-    )
-    add(
-        "--num-requests",
-        type=int,
-        default=0,
-        metavar="N",
-        help="requests per level (default: 0 = max(8, 4 x concurrency), or max(8, 20 s x rate))",
-    )
-    add(
-        "--duration",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="end each level after S seconds instead, cutting off requests still running (default: 0 = off)",
-    )
-    add("--prompt-tokens", type=int, default=128, metavar="N", help="prompt length, about N words (default: 128)")
-    add("--output-tokens", type=int, default=128, metavar="N", help="max_tokens of each request (default: 128)")
-    add(
-        "--no-fixed-output",
-        dest="fixed_output",
-        action="store_false",
-        help="let answers end at EOS; by default every answer is --output-tokens long "
-        "(ignore_eos + min_tokens, where the server honours them)",
-    )
-    add("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default: 0, greedy)")
-    add(
-        "--priority-mix",
-        default="none",
-        metavar="CLASS=SHARE,...",
-        help="priority classes and their shares, e.g. interactive=0.2,batch=0.8, each reported apart; "
-        "'none' sends no priority field (default: none)",
-    )
-    add(
-        "--probe-rate",
-        type=float,
-        default=0.0,
-        metavar="R",
-        help="also send probe requests at R/s (Poisson) beside each level, which then ends when they are "
-        "done (default: 0 = no probe)",
-    )
-    add("--probe-requests", type=int, default=10, metavar="N", help="probe requests per level (default: 10)")
-    add("--probe-priority", default="interactive", metavar="P", help="priority of the probe (default: interactive)")
-    add("--probe-output-tokens", type=int, default=16, metavar="N", help="max_tokens of a probe (default: 16)")
-    add("--probe-prompt-tokens", type=int, default=64, metavar="N", help="prompt length of a probe (default: 64)")
-    add(
-        "--probe-delay",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="head start of the main load before the first probe (default: 2)",
-    )
-    add("--slo-ttft-ms", type=float, default=1000.0, metavar="MS", help="goodput SLO on TTFT (default: 1000)")
-    add(
-        "--slo-itl-ms",
-        type=float,
-        default=100.0,
-        metavar="MS",
-        help="goodput SLO on the mean inter-token time of a request (default: 100)",
-    )
-    add("--warmup", type=int, default=1, metavar="N", help="unmeasured requests first (default: 1)")
-    add("--pause", type=float, default=1.0, metavar="S", help="idle seconds between levels (default: 1)")
-    add("--seed", type=int, default=0, metavar="S", help="seed of prompts and arrivals (default: 0)")
-    add(
-        "--extra-body",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="fields merged into every request body (default: none)",
-    )
-    add("--timeout", type=float, default=600.0, metavar="S", help="limit of one request (default: 600)")
-    add("--json", dest="json_path", default=None, metavar="PATH", help="write the full results here (default: none)")
+    add_command_options(parser, BENCH_OPTIONS)
     parser.set_defaults(handler=cmd_bench)
 
 

@@ -1,6 +1,7 @@
 """The option table every command that serves a model shares (`serve`, `run`,
 `batch run`): each flag, the `ServerSettings` field it fills, its
-`LOCALSERVE_*` environment variable, how it is parsed; and `CliError`, a
+`LOCALSERVE_*` environment variable, how it is parsed; `CommandOption`, an
+option of one command only (the command line alone); and `CliError`, a
 user mistake said in one line. A light module below every command module
 (cli/main.py imports the commands; they import this)."""
 
@@ -535,3 +536,29 @@ def settings_from_args(argv: Sequence[str], env: Mapping[str, str]) -> ServerSet
 
 #: The options of the commands that load a model in this process (`run`, `batch run`).
 RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device", "--n-gpu-layers"))
+
+
+# ---- a command's own options (command line only) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandOption:
+    """An option of one command that reads no environment variable and fills
+    no settings field (`bench`, `batch run`): its names, its help, and how
+    argparse takes it (type, default, metavar, choices, action, dest, ...).
+    The help says the default itself: it is shown as written."""
+
+    names: tuple[str, ...]
+    help: str
+    argparse: Mapping[str, Any]
+
+
+def command_option(*names: str, help: str, **argparse: Any) -> CommandOption:
+    """A `CommandOption`: `names` as argparse takes them (`"-o", "--output"`, or a positional's)."""
+    return CommandOption(names, help, argparse)
+
+
+def add_command_options(parser: argparse.ArgumentParser, options: Sequence[CommandOption]) -> None:
+    """Add a command's own `options` to `parser`, in order."""
+    for option in options:
+        parser.add_argument(*option.names, help=option.help, **option.argparse)
