@@ -68,6 +68,8 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
     "/apply-template": {"messages": HI},
     "/embedding": {"content": "Hi"},
     "/embeddings": {"input": ["Hi", [1, 2]]},
+    "/chat/completions/input_tokens": {"model": MODEL_ID, "messages": HI},
+    "/v1/chat/completions/input_tokens": {"messages": HI},
     # rerank, score and classify (issue 41)
     "/v1/rerank": {"model": EMBEDDING_MODEL, "query": "Hi", "documents": ["there", {"text": "you"}], "top_n": 1},
     "/rerank": {"model": EMBEDDING_MODEL, "query": "Hi", "documents": ["there", "you"]},
