@@ -55,7 +55,9 @@ class ServerSettings:
     # predicted time keeps their inter-token latency within this x of the step without it ...
     batch_itl_target: float = 1.2
     batch_ttft_target: float = 1.5  # ... and an arriving prompt's first token within this x its time when idle
-    speculative: str = "off"  # off | ngram (prompt lookup) | draft (--draft-model): engine/step/speculation.py
+    speculative: str = (
+        "ngram"  # off | ngram (prompt lookup, the default) | draft (--draft-model): engine/step/speculation.py
+    )
     draft_model: str = ""  # a smaller GGUF of the chat models' vocabulary that drafts tokens
     draft_max: int = 8  # drafted tokens one sequence may verify in a step
     # A reasoning model's think section by default (llama-server's --reasoning): on/auto render the template

@@ -47,6 +47,13 @@ def test_a_loaded_model_gets_the_speculation_settings() -> None:
     assert registry._engine_config(Capacity(4, 64, 1024, 256, 32)).scheduler.speculative == "ngram"
 
 
+def test_prompt_lookup_speculation_is_on_by_default() -> None:
+    """`--speculative ngram` is the default: it measures whether drafting pays
+    (engine/step/speculation.py's DraftPayoff) and stays out where it does not."""
+    registry = ModelRegistry(Engine(), ServerSettings(models=[]))
+    assert registry._engine_config(Capacity(4, 64, 1024, 256, 32)).scheduler.speculative == "ngram"
+
+
 def shared_policy(itl_target: float, ttft_target: float) -> BatchPolicy:
     """A policy beside other work, whose step model has learnt a + b*tokens + c*seqs."""
     policy = BatchPolicy(SchedulerConfig(itl_target=itl_target, ttft_target=ttft_target))

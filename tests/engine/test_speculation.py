@@ -10,12 +10,17 @@ import pytest
 from localserve.engine.step.scheduler import SchedulerConfig
 from localserve.engine.step.speculation import (
     LONG_MATCH,
+    PAYOFF_MIN_STEPS,
+    PAYOFF_RETRY_EVERY,
+    SHARED_STEP_STRETCH,
+    DraftPayoff,
     NgramDrafter,
     accept_drafts,
     draft_lengths,
     expected_tokens,
     match_acceptance,
 )
+from localserve.engine.step.step_model import StepTimeModel
 
 from .scripted import Driver, hashed_next_token, linear_cost, make_capacity, prompt
 
@@ -81,7 +86,15 @@ def test_the_drafter_measures_how_long_the_tail_copies_a_passage():
     assert drafter.match_len == 30  # the whole copied stretch, not only the 4-gram
     assert match_acceptance(30) == 31 / 32 and match_acceptance(LONG_MATCH - 1) == 0.0
     short = NgramDrafter()
-    assert short.propose([1, 2, 3, 9, 1, 2, 3], 5) == [9, 1, 2, 3] and short.match_len == 3
+    # the passage runs into the tail: it goes on as the loop it is
+    assert short.propose([1, 2, 3, 9, 1, 2, 3], 5) == [9, 1, 2, 3, 9] and short.match_len == 3
+
+
+def test_the_drafter_continues_a_loop_past_the_tail():
+    """Output stuck in a loop of period p is drafted as that loop goes on,
+    not only the p tokens that followed its last occurrence."""
+    assert NgramDrafter().propose([8, 5, 5, 5, 5, 5], 4) == [5, 5, 5, 5]
+    assert NgramDrafter().propose([3, 1, 2, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
 
 
 def test_a_long_copy_drafts_past_draft_max():
@@ -314,3 +327,97 @@ def test_a_drafted_token_is_priced_as_a_decoding_token():
     )
     late = driver.batches[len(driver.batches) // 2 :]
     assert sum(c.num_draft for b in late for c in b.chunks) == 0
+
+
+# ---- whether drafting pays, measured ---------------------------------------------------------------
+
+
+def test_draft_payoff_stops_a_bucket_whose_drafted_steps_yield_less_and_retries_it():
+    payoff = DraftPayoff()
+    assert payoff.allows(8)  # nothing measured yet: the step-time model decides
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(8, 8, 0.045, drafted=False)  # 0.18 tokens per ms
+        payoff.observe(8, 16, 0.100, drafted=True)  # 0.16: drafts accepted, and still a loss
+    assert not payoff.allows(8) and payoff.stopped(9)  # 8-15 sequences compare together
+    # one sequence is another bucket: there the same drafts win
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(1, 1, 0.0085, drafted=False)
+        payoff.observe(1, 2, 0.015, drafted=True)
+    assert payoff.allows(1) and not payoff.allows(8)
+    # after PAYOFF_RETRY_EVERY plain steps the stopped bucket is measured afresh ...
+    for _ in range(PAYOFF_RETRY_EVERY - 1):
+        payoff.observe(8, 8, 0.045, drafted=False)
+    assert not payoff.allows(8)
+    payoff.observe(8, 8, 0.045, drafted=False)
+    assert payoff.allows(8)
+    # ... and this time drafting pays (say the text turned to copying): it stays on
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(8, 40, 0.150, drafted=True)
+    assert payoff.allows(8)
+    for _ in range(2 * PAYOFF_RETRY_EVERY):
+        payoff.observe(8, 8, 0.045, drafted=False)
+    assert payoff.allows(8)
+
+
+def test_draft_payoff_ignores_unmeasured_steps():
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(4, 4, 0.01, drafted=False)
+        payoff.observe(4, 8, float("nan"), drafted=True)  # no clock reading: not a drafted step
+        payoff.observe(0, 0, 0.01, drafted=True)
+    assert payoff.allows(4)
+
+
+class _FooledModel(StepTimeModel):
+    """A step-time model stuck where the real one went wrong on a CPU: a
+    large fixed cost and cheap tokens, so drafts look nearly free."""
+
+    @property
+    def coefficients(self) -> tuple[float, float, float]:
+        return (0.040, 0.001, 0.0)
+
+
+def test_the_scheduler_stops_drafting_where_verifying_costs_more_than_the_model_says():
+    """Four copying sequences whose drafted tokens cost 20 ms each, under a
+    step-time model that prices them at 1 ms: drafting stops after a few
+    measured steps, and the output is unchanged. One sequence, whose drafts
+    cost 1 ms, keeps drafting; and without the measurement the four would
+    have drafted all along (the case is one the model gets wrong)."""
+    source = prompt(10, 400)
+
+    def cost(num_tokens: int, num_seqs: int) -> float:
+        return 0.030 + 0.002 * num_seqs + (0.020 if num_seqs >= 4 else 0.001) * (num_tokens - num_seqs)
+
+    def go(num_seqs: int) -> tuple[Driver, int]:  # the driver, and how many decode steps drafted
+        capacity = make_capacity(max_num_seqs=4, max_draft_tokens=16, n_ctx=1024, kv_tokens=4096)
+        driver = Driver(capacity, config=SPEC, next_token=copying(source, diverge_every=8), step_cost=cost)
+        driver.scheduler.policy.model = _FooledModel()
+        for i in range(num_seqs):
+            driver.add(f"r{i}", source, max_tokens=300)
+        driver.run()
+        decodes = [b for b in driver.batches if all(len(c.token_ids) == 1 + c.num_draft for c in b.chunks)]
+        drafted = sum(1 for b in decodes if any(c.num_draft for c in b.chunks))
+        expected = copying(source, diverge_every=8)
+        for i in range(num_seqs):
+            history = tuple(source)
+            for token in driver.records[f"r{i}"].token_ids:
+                assert token == expected(history)
+                history += (token,)
+        return driver, drafted
+
+    four, drafted = go(4)
+    assert 0 < drafted <= 2 * PAYOFF_MIN_STEPS
+    one, drafted_alone = go(1)
+    assert drafted_alone > 4 * PAYOFF_MIN_STEPS
+    always = DraftPayoff.allows
+    try:
+        DraftPayoff.allows = lambda self, num_seqs: True  # type: ignore[method-assign]
+        unmeasured, drafted_unmeasured = go(4)
+    finally:
+        DraftPayoff.allows = always  # type: ignore[method-assign]
+    assert drafted_unmeasured > 4 * drafted
+    # A shared step's drafts stretch it by at most SHARED_STEP_STRETCH by the
+    # model: 4 decodes are 0.044 s to it, so at most 22 drafted tokens of 1 ms.
+    shared = [sum(c.num_draft for c in b.chunks) for b in unmeasured.batches if len(b.chunks) > 1]
+    assert max(shared) == int((SHARED_STEP_STRETCH - 1.0) * 0.044 / 0.001)
+    assert max(sum(c.num_draft for c in b.chunks) for b in one.batches) == SPEC.draft_max  # alone: no stretch cap

@@ -191,6 +191,7 @@ class Scheduler:
         if result.seconds is not None:
             # what the step-time model, and so batch admission and the thread choice, learn from
             self.policy.observe_step(batch.num_tokens, len(batch.chunks), result.seconds)
+            self._drafts.observe(batch, result)
         return events
 
     def _apply(self, batch: StepPlan, result: StepResult) -> list[SeqOutput]:

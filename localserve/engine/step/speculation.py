@@ -42,6 +42,7 @@ follows its own recent acceptance.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localserve.engine.types import Capacity, SchedulerConfig, SeqChunk, StepResult
+from localserve.engine.types import Capacity, SchedulerConfig, SeqChunk, StepPlan, StepResult
 
 if TYPE_CHECKING:  # sequence.py holds a SpecState per sequence
     from localserve.engine.step.kv_slots import StepDraft
@@ -101,7 +102,13 @@ class NgramDrafter:
                 ):
                     length += 1
                 self.match_len = length
-                return list(token_ids[start : start + max_tokens])
+                # The passage may run into the tail itself (a loop of period
+                # len - start): it then goes on with the tokens drafted so far.
+                draft = list(token_ids[start : start + max_tokens])
+                period = len(token_ids) - start
+                while len(draft) < max_tokens:
+                    draft.append(draft[len(draft) - period])
+                return draft
         return []
 
 
@@ -189,6 +196,111 @@ def draft_lengths(
     return best_k
 
 
+#: Steps of each kind a payoff rate remembers (exponential decay).
+PAYOFF_MEMORY_STEPS = 32
+#: Drafted and plain steps a bucket must have seen before its drafting may be stopped.
+PAYOFF_MIN_STEPS = 4
+#: A bucket whose drafting did not pay drafts again for a few steps after this
+#: many plain steps, so a change (of text, of load, of the machine) is noticed.
+PAYOFF_RETRY_EVERY = 512
+#: Where a step is shared, drafting must win by this much: the tokens it adds
+#: go to the sequences that draft, the longer step to every one in it.
+PAYOFF_SHARED_MARGIN = 1.1
+#: A shared step's drafts may make it at most this much longer than it would
+#: be without them (by the step-time model), so that one sequence's drafts
+#: never stall the others it shares the step with.
+SHARED_STEP_STRETCH = 1.5
+
+
+def payoff_bucket(num_seqs: int) -> int:
+    """Steps are compared among steps of about as many sequences: 1, 2-3, 4-7, 8-15, ..."""
+    return max(1, num_seqs).bit_length()
+
+
+@dataclass(slots=True)
+class _Rate:
+    """Tokens out per second of step time, over recent steps of one kind."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        decay = 1.0 - 1.0 / PAYOFF_MEMORY_STEPS
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.steps += 1
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0.0 else 0.0
+
+
+@dataclass(slots=True)
+class _Bucket:
+    drafted: _Rate = field(default_factory=_Rate)
+    plain: _Rate = field(default_factory=_Rate)
+    retry_in: int = PAYOFF_RETRY_EVERY  # plain steps until a stopped bucket drafts again
+    retry_left: int = 0  # drafting steps left of a retry
+
+
+class DraftPayoff:
+    """Whether drafting pays, measured: the tokens per second of decode steps
+    that verified drafts against those that did not, among steps of about as
+    many sequences (`payoff_bucket`).
+
+    `draft_lengths` decides from a linear step-time model, and a CPU's steps
+    are not linear in their tokens: on 2 cores (SmolLM2), 8 sequences with one
+    draft each, accepted 98% of the time, took 100 ms a step against 45 ms
+    without drafts (16 tokens for 8: 0.16 against 0.18 tokens per ms), while
+    the model, fit mostly on prompt chunks, priced them as a gain; at one
+    sequence the same drafts won 15%. So the model chooses how many drafts,
+    and this measurement says whether to draft at all: a bucket whose drafted
+    steps yield fewer tokens per second than its plain ones stops drafting,
+    and after every `PAYOFF_RETRY_EVERY` plain steps measures drafting afresh
+    for `PAYOFF_MIN_STEPS` steps."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, _Bucket] = {}
+
+    def allows(self, num_seqs: int) -> bool:
+        """May a step of `num_seqs` sequences draft?"""
+        bucket = self._buckets.get(payoff_bucket(num_seqs))
+        if bucket is None or bucket.retry_left > 0 or not self._measured(bucket):
+            return True
+        return self._pays(num_seqs, bucket)
+
+    def stopped(self, num_seqs: int) -> bool:
+        """Drafting measured not to pay at this many sequences (for the stats)."""
+        return not self.allows(num_seqs)
+
+    def observe(self, num_seqs: int, num_tokens_out: int, seconds: float, drafted: bool) -> None:
+        """A decode step (no prompt tokens) of `num_seqs` sequences ran in
+        `seconds` and yielded `num_tokens_out` tokens; `drafted`: it verified drafts."""
+        if num_seqs <= 0 or not 0.0 < seconds < math.inf:
+            return
+        bucket = self._buckets.setdefault(payoff_bucket(num_seqs), _Bucket())
+        if drafted:
+            bucket.drafted.add(num_tokens_out, seconds)
+            bucket.retry_left = max(0, bucket.retry_left - 1)
+            return
+        bucket.plain.add(num_tokens_out, seconds)
+        if self._measured(bucket) and not self._pays(num_seqs, bucket):
+            bucket.retry_in -= 1
+            if bucket.retry_in <= 0:  # the retry's drafted steps are measured afresh
+                bucket.retry_in, bucket.retry_left = PAYOFF_RETRY_EVERY, PAYOFF_MIN_STEPS
+                bucket.drafted = _Rate()
+
+    @staticmethod
+    def _pays(num_seqs: int, bucket: _Bucket) -> bool:
+        margin = 1.0 if num_seqs <= 1 else PAYOFF_SHARED_MARGIN
+        return bucket.drafted.value >= margin * bucket.plain.value
+
+    @staticmethod
+    def _measured(bucket: _Bucket) -> bool:
+        return bucket.drafted.steps >= PAYOFF_MIN_STEPS and bucket.plain.steps >= PAYOFF_MIN_STEPS
+
+
 class DraftPlanner:
     """The scheduler's speculation step: once a step is planned, its decoding
     sequences may add drafted tokens with the budget and KV room it leaves,
@@ -200,6 +312,7 @@ class DraftPlanner:
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
         self._kv_tokens = capacity.kv_tokens
+        self.payoff = DraftPayoff()
         if config.speculative == "off":
             self.max_draft = 0
         elif config.speculative not in ("ngram", "draft"):
@@ -216,7 +329,7 @@ class DraftPlanner:
         """Drafts for the step's decoding sequences (not for batch work that
         is `limited`), from the budget and KV room `plan` leaves, as many as
         pay under the step-time model's `coefficients()`."""
-        if not self.max_draft:
+        if not self.max_draft or not self.payoff.allows(plan.num_seqs):
             return
         proposals: list[tuple[Sequence, list[int], float]] = []
         for seq, num_new in plan.scheduled.items():
@@ -240,21 +353,40 @@ class DraftPlanner:
                 proposals.append((seq, draft_ids, acceptance))
         if not proposals:
             return
+        a, b, c = coefficients()
         k = draft_lengths(
             [(acceptance, len(d)) for _, d, acceptance in proposals],
             num_tokens=plan.num_tokens,
             num_seqs=plan.num_seqs,
-            coefficients=coefficients(),
+            coefficients=(a, b, c),
             max_draft=max(len(d) for _, d, _ in proposals),
         )
+        room = plan.budget  # drafted tokens the step may still take
+        if plan.num_seqs > 1 and b + c > 0.0:
+            base_s = a + b * plan.num_tokens + c * plan.num_seqs
+            room = min(room, int((SHARED_STEP_STRETCH - 1.0) * base_s / (b + c)))
+        proposals.sort(key=lambda proposal: -proposal[2])  # the likeliest drafts first
         for seq, draft_ids, _ in proposals:
-            take = min(k, len(draft_ids), plan.budget, self._kv_tokens - plan.kv_used)
+            take = min(k, len(draft_ids), room, plan.budget, self._kv_tokens - plan.kv_used)
+            room -= max(take, 0)
             if take > 0 and self.draft_model:
                 plan.add_model_drafts(seq, take)
             elif take > 0:
                 plan.add_drafts(seq, draft_ids[:take])
             elif seq.spec is not None:
                 seq.spec.rest()
+
+    def observe(self, batch: StepPlan, result: StepResult) -> None:
+        """Feed a measured decode step (every chunk one token, plus its drafts) to `payoff`."""
+        if not self.max_draft or result.seconds is None:
+            return
+        num_drafts = 0
+        for chunk in batch.chunks:
+            if not chunk.sample or len(chunk.token_ids) != 1 + chunk.num_draft:
+                return  # a prompt chunk: its cost says nothing of drafting
+            num_drafts += chunk.num_draft + result.drafted.get(chunk.seq_id, 0)
+        tokens_out = len(result.sampled) + sum(len(accepted) for accepted in result.accepted.values())
+        self.payoff.observe(len(batch.chunks), tokens_out, result.seconds, num_drafts > 0)
 
 
 def kept_cells(chunk: SeqChunk, result: StepResult) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from localserve.engine.types import FinishReason, GenerateRequest, StepPlan, Ste
 log = logging.getLogger(__name__)
 
 TRUSTED_AFTER_STEPS = 50  # steps the step-time model learns from before they choose threads
+SLOW_STEP_S = 2.0  # a step longer than this is logged with its shape (a stall every running request feels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,15 @@ class StepWorker:
 
     def _after_step(self, plan: StepPlan, result: StepResult, events: list[TokenEvent]) -> None:
         """Figures, the next step's threads, and the events out."""
+        if result.seconds is not None and result.seconds > SLOW_STEP_S:
+            log.warning(
+                "%s: a step took %.1f s (%d sequences, %d tokens, %d drafted); every running request waited on it",
+                self._thread.name,
+                result.seconds,
+                len(plan.chunks),
+                plan.num_tokens,
+                sum(chunk.num_draft for chunk in plan.chunks),
+            )
         if plan.empty:
             self.publisher.queue()
         else:
