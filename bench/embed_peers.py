@@ -124,19 +124,21 @@ def ensure_peer_venv() -> None:
     marker.write_text("\n".join(PEER_PACKAGES))
 
 
-def ensure_export(source: Path) -> Path:
-    """optimum's ONNX export of the folder (`model.onnx`, what fastembed loads),
-    and beside it `model_optimized.onnx`: the export after onnxruntime's
-    transformer optimizer (BERT fusions), the file infinity's optimum engine
-    makes for itself on first start (its own optimisation step fails with
-    optimum 2.x, whose OptimizationConfig lost an argument, and infinity then
-    serves the unoptimised graph)."""
-    if (EXPORT / "model_optimized.onnx").is_file():
-        return EXPORT
-    tmp = EXPORT.with_name(EXPORT.name + ".tmp")
+def ensure_export(source: Path, export: Path = EXPORT, task: str = "feature-extraction") -> Path:
+    """optimum's ONNX export of the folder into `export` (`model.onnx`, what
+    fastembed loads), and beside it `model_optimized.onnx`: the export after
+    onnxruntime's transformer optimizer (BERT fusions), the file infinity's
+    optimum engine makes for itself on first start (its own optimisation step
+    fails with optimum 2.x, whose OptimizationConfig lost an argument, and
+    infinity then serves the unoptimised graph). `task`: optimum's, e.g.
+    `feature-extraction` (last_hidden_state, as both embedding peers expect)
+    or `text-classification` (logits, bench/rerank_peers.py)."""
+    if (export / "model_optimized.onnx").is_file():
+        return export
+    tmp = export.with_name(export.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [peer_bin("optimum-cli"), "export", "onnx", "--model", str(source), "--task", "feature-extraction"]
-    cmd += ["--library-name", "transformers", str(tmp)]  # outputs last_hidden_state, as both peers expect
+    cmd = [peer_bin("optimum-cli"), "export", "onnx", "--model", str(source), "--task", task]
+    cmd += ["--library-name", "transformers", str(tmp)]
     subprocess.run(cmd, check=True, env={**os.environ, **OFFLINE})
     optimize = (
         "import sys; from onnxruntime.transformers.optimizer import optimize_model; "
@@ -145,8 +147,8 @@ def ensure_export(source: Path) -> Path:
     subprocess.run(
         [peer_bin("python"), "-c", optimize, str(tmp / "model.onnx"), str(tmp / "model_optimized.onnx")], check=True
     )
-    tmp.rename(EXPORT)
-    return EXPORT
+    tmp.rename(export)
+    return export
 
 
 def infinity_folders(export: Path, source: Path, engine: str, workdir: Path) -> tuple[Path, Path]:

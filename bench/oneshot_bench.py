@@ -13,12 +13,21 @@ served ones:
 * speech (`--speech`): faster-whisper tiny.en on espeak-ng sentences of 1
   to 12 s, decoded and cut as the API does (PyAV, VAD) on worker threads;
   `--device gpu` runs it on a GPU where CTranslate2 has CUDA.
+* rerank (`--rerank`): bench/rerank_peers.py's random-weight cross-encoder
+  (ms-marco-MiniLM-L-6's shape, built once with torch and transformers) on
+  the backend the server opens for `--model ce=DIR` (the fused float32 ONNX
+  graph on ONNX Runtime), `--rerank-requests` requests of a query and 32
+  passages of 90-110 tokens, each request one `submit` of its 32 pairs as
+  the rerank endpoint makes it (serving/rerank.py), from `--rerank-clients`
+  clients. Its items are pairs: items/s = pairs/s.
 
 Each row also holds the ceiling for its load: the best items/s the backend's
 own `run()` gives on the same texts taken as N clients hand them over (pool
 order, N at a time), each N sorted by length and cut into batches of 1, 2, 4,
 ... up to N (no queue, the least padding), and
-the one-shot queue's items/s against it ("on / ceiling"). Each client count
+the one-shot queue's items/s against it ("on / ceiling"). For rerank, the N
+requests in flight are N x 32 pairs, cut into batches of 1, 2, 4, ... up to
+256 (issue 41's goal: on / ceiling >= 0.95). Speech has no ceiling. Each client count
 runs `--rounds` rounds of ceiling, off and on, the order rotating round by
 round; ratios are taken within a round (the host's speed drifts by tens of
 percent within minutes) and the row gives their median and range.
@@ -33,6 +42,10 @@ run without figures, unless `--allow-busy`, which marks every such cell BUSY.
 Each cell also records the CPU that other processes used while it ran.
 
     python bench/oneshot_bench.py [--threads 2] [--texts 256] [--clients 1,4,8,32] [--speech] [--json out.json]
+
+The rerank figures alone (issue 41: the micro-batcher against the backend's own best batched run()):
+
+    .venv/bin/python bench/oneshot_bench.py --backends none --rerank --json bench/results/oneshot-rerank.json
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +172,13 @@ async def drive(queue: OneShotQueue, jobs: list, run_one: Callable[[OneShotQueue
 
 
 async def measure(
-    bench: Bench, backend: OneShotBackend, config: OneShotQueueConfig, jobs: list, run_one, clients: int
+    bench: Bench,
+    backend: OneShotBackend,
+    config: OneShotQueueConfig,
+    jobs: list,
+    run_one,
+    clients: int,
+    items_per_job: int = 1,
 ) -> Cell:  # type: ignore[no-untyped-def,type-arg]
     warm = OneShotQueue("warm-up", backend, config)  # graphs, caches, thread pools
     try:
@@ -178,9 +198,10 @@ async def measure(
     stats = queue.stats()
     if not isinstance(stats, dict):  # a typed snapshot (engine/oneshot/stats.py) where the tree has it
         stats = {name: getattr(stats, name) for name in ("mean_batch_size", "padding_ratio")}
+    items = len(jobs) * items_per_job
     return Cell(
-        items_per_s=len(jobs) / elapsed,
-        cpu_ms_per_item=1000 * own / len(jobs),
+        items_per_s=items / elapsed,
+        cpu_ms_per_item=1000 * own / items,
         mean_batch=stats["mean_batch_size"],
         p50_latency_ms=1000 * statistics.median(latencies),
         padding_ratio=stats["padding_ratio"],
@@ -205,6 +226,21 @@ def texts(count: int) -> list[str]:
 
 async def embed_one(queue: OneShotQueue, tokens: object) -> None:  # type: ignore[type-arg]
     await queue.submit([tokens])
+
+
+async def rerank_one(queue: OneShotQueue, pairs: list) -> None:  # type: ignore[type-arg]
+    """One rerank request: its pairs in one submit, as serving/rerank.py sends them."""
+    await queue.submit(pairs)
+
+
+def rerank_jobs(backend, count: int) -> list[list]:  # type: ignore[no-untyped-def,type-arg]
+    """`count` rerank requests of bench/rerank_peers.py, each its pairs as the backend encodes them."""
+    from bench.rerank_peers import MODEL_DIR, open_tokenizer, workload
+
+    requests = workload(0, count, open_tokenizer(MODEL_DIR))
+    return [
+        [backend.encode(r.query, doc, truncate=True, param="documents")[0] for doc in r.documents] for r in requests
+    ]
 
 
 def speech_clips(count: int, workdir: Path) -> list[bytes]:
@@ -241,12 +277,23 @@ PADDING_HEADER = [
 
 
 def throughput_rows(
-    bench: Bench, name: str, backend, jobs, run_one, base: OneShotQueueConfig, clients: list[int], rounds: int
+    bench: Bench,
+    name: str,
+    backend,
+    jobs,
+    run_one,
+    base: OneShotQueueConfig,
+    clients: list[int],
+    rounds: int,
+    ceiling_of: Callable[[int], tuple[float, int]] | None = None,
+    items_per_job: int = 1,
 ):  # type: ignore[no-untyped-def]
     """Per client count, `rounds` rounds of the ceiling, batching off and
     batching on, in an order that rotates round by round (the host's speed
     drifts by tens of percent within minutes, so a ratio is only taken
-    within a round); the row gives the medians and the range of the ratios."""
+    within a round); the row gives the medians and the range of the ratios.
+    `ceiling_of(clients)`: (items/s, batch size) of the backend's own best, or
+    None for none (NaN in the row)."""
     rows = []
     for n in clients:
         rounds_seen: list[dict[str, Any]] = []
@@ -254,10 +301,10 @@ def throughput_rows(
             seen: dict[str, Any] = {}
             for step in ("ceiling", "off", "on")[r % 3 :] + ("ceiling", "off", "on")[: r % 3]:
                 if step == "ceiling":
-                    seen[step] = pool_ceiling(backend, jobs, n) if run_one is embed_one else (float("nan"), 0)
+                    seen[step] = ceiling_of(n) if ceiling_of is not None else (float("nan"), 0)
                 else:
                     config = replace(base, max_batch_size=1) if step == "off" else base
-                    seen[step] = asyncio.run(measure(bench, backend, config, jobs, run_one, n))
+                    seen[step] = asyncio.run(measure(bench, backend, config, jobs, run_one, n, items_per_job))
             rounds_seen.append(seen)
             (ceiling, size), off, on = seen["ceiling"], seen["off"], seen["on"]
             for mode, cell in (("off", off), ("on", on)):
@@ -299,15 +346,15 @@ def throughput_rows(
     return rows
 
 
-def pool_ceiling(backend, tokens: list, max_size: int) -> tuple[float, int]:  # type: ignore[no-untyped-def,type-arg]
-    """The backend's own best on these texts with `max_size` clients: the
-    texts in pool order in windows of `max_size` (what can be in flight at
-    once), each window sorted by length and cut into batches of one size of
-    CEILING_SIZES up to `max_size`; items/s of `run()` over all of them, no
-    queue and no asyncio. (best items/s, its batch size)."""
-    windows = [sorted(tokens[i : i + max_size], key=len) for i in range(0, len(tokens), max_size)]
+def pool_ceiling(backend, tokens: list, max_size: int, sizes: tuple[int, ...] | None = None) -> tuple[float, int]:  # type: ignore[no-untyped-def,type-arg]
+    """The backend's own best on these items with `max_size` of them in
+    flight: the items in pool order in windows of `max_size` (what can be in
+    flight at once), each window sorted by length and cut into batches of one
+    size of `sizes` (CEILING_SIZES) up to `max_size`; items/s of `run()` over
+    all of them, no queue and no asyncio. (best items/s, its batch size)."""
+    windows = [sorted(tokens[i : i + max_size], key=backend.item_size) for i in range(0, len(tokens), max_size)]
     rates = {}
-    for size in (s for s in CEILING_SIZES if s <= max_size):
+    for size in (s for s in (sizes or CEILING_SIZES) if s <= max_size):
         batches = [window[i : i + size] for window in windows for i in range(0, len(window), size)]
         backend.run(batches[len(batches) // 2])  # warm-up at about this shape
         started = time.perf_counter()
@@ -318,13 +365,17 @@ def pool_ceiling(backend, tokens: list, max_size: int) -> tuple[float, int]:  # 
     return rates[best], best
 
 
-def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: OneShotQueueConfig) -> str:  # type: ignore[no-untyped-def]
+def padding_row(
+    bench: Bench, name: str, backend, jobs, run_one, base: OneShotQueueConfig, clients: int = 32, items_per_job: int = 1
+) -> str:  # type: ignore[no-untyped-def]
     cells = {
-        g: asyncio.run(measure(bench, backend, replace(base, group_by_length=g), jobs, run_one, 32))
+        g: asyncio.run(measure(bench, backend, replace(base, group_by_length=g), jobs, run_one, clients, items_per_job))
         for g in (False, True)
     }
     for grouping, cell in cells.items():
-        bench.cells.append({"table": "padding", "backend": name, "clients": 32, "grouping": grouping, **asdict(cell)})
+        bench.cells.append(
+            {"table": "padding", "backend": name, "clients": clients, "grouping": grouping, **asdict(cell)}
+        )
     off, on = cells[False], cells[True]
     flag = " **BUSY**" if off.busy or on.busy else ""
     return (
@@ -334,6 +385,8 @@ def padding_row(bench: Bench, name: str, backend, jobs, run_one, base: OneShotQu
 
 
 CEILING_SIZES = (1, 2, 4, 8, 16, 32)
+RERANK_CEILING_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RERANK_PAIRS = 32  # documents per rerank request (bench/rerank_peers.py)
 
 
 def ceiling_row(bench: Bench, name: str, backend, tokens: list) -> str:  # type: ignore[no-untyped-def,type-arg]
@@ -367,6 +420,38 @@ def ceiling_row(bench: Bench, name: str, backend, tokens: list) -> str:  # type:
     return f"| {name}{flag} | {len(item)} | {cells} | {rates[best] / rates[1]:.2f} (at {best}) | {load:.2f} |"
 
 
+def rerank_tables(bench: Bench, args: argparse.Namespace, settings: ServerSettings) -> list[str]:
+    """The cross-encoder's throughput table (printed) and its padding row
+    (returned for the padding table): pairs/s, against the ceiling."""
+    from bench.rerank_peers import MODEL_DIR, MODEL_NAME
+
+    opened = open_oneshot(ModelKind.RERANK, MODEL_NAME, MODEL_DIR, settings)
+    backend, config = opened.backend, opened.batching  # what the server queues it with
+    jobs = rerank_jobs(backend, args.rerank_requests)
+    pairs = [pair for job in jobs for pair in job]
+    clients = [int(c) for c in args.rerank_clients.split(",")]
+    label = f"cross-encoder ({backend.info().backend}, {Path(opened.source).name})"
+
+    def ceiling(n: int) -> tuple[float, int]:
+        return pool_ceiling(backend, pairs, n * RERANK_PAIRS, RERANK_CEILING_SIZES)
+
+    rows = throughput_rows(bench, label, backend, jobs, rerank_one, config, clients, args.rounds, ceiling, RERANK_PAIRS)
+    sizes = [backend.item_size(p) for p in pairs]
+    print(
+        f"\nrerank: {len(jobs)} requests of a query and {RERANK_PAIRS} passages per cell, {np.mean(sizes):.0f} "
+        f"tokens a pair on average ({min(sizes)}-{max(sizes)}); items/s = pairs/s; ceiling batches up to "
+        f"{RERANK_CEILING_SIZES[-1]} pairs; queue: max_batch_size {config.max_batch_size}, "
+        f"max_batch_tokens {config.max_batch_tokens}"
+    )
+    print("\n".join(THROUGHPUT_HEADER + rows))
+    if args.no_padding:
+        return []
+    row = padding_row(
+        bench, f"{label}, {max(clients)} clients", backend, jobs, rerank_one, config, max(clients), RERANK_PAIRS
+    )
+    return [row]
+
+
 def open_model(model_id: str, kind: str, settings: ServerSettings) -> OneShotBackend:  # type: ignore[type-arg]
     """The backend the server would load for `model_id`."""
     return open_oneshot(kind, model_id, resolve(model_id).path, settings).backend
@@ -377,7 +462,11 @@ def main() -> None:
     add = parser.add_argument
     add("--threads", type=int, default=0, help="threads per backend (0: all cores)")
     add("--device", default="auto", choices=("auto", "cpu", "gpu"), help="the models' device (default: auto)")
-    add("--backends", default="onnx,gguf", help="embeddings backends: onnx, int8, gguf, or default (what auto picks)")
+    add(
+        "--backends",
+        default="onnx,gguf",
+        help="embeddings backends: onnx, int8, gguf, default (what auto picks), or none (default: onnx,gguf)",
+    )
     add("--clients", default="1,4,8,32", help="concurrent clients per cell, comma-separated (default: 1,4,8,32)")
     add("--texts", type=int, default=256, help="embedding requests per cell")
     add(
@@ -390,6 +479,9 @@ def main() -> None:
     add("--no-ceiling", action="store_true", help="skip the table of what a batch gains inside the runtime")
     add("--speech", action="store_true", help="also measure faster-whisper tiny.en (whisper-tiny.en)")
     add("--clips", type=int, default=32, help="transcription requests per cell (with --speech)")
+    add("--rerank", action="store_true", help="also measure the cross-encoder of bench/rerank_peers.py")
+    add("--rerank-requests", type=int, default=16, help="rerank requests (32 pairs each) per cell (default: 16)")
+    add("--rerank-clients", default="1,8", help="concurrent rerank clients per cell, comma-separated (default: 1,8)")
     add("--max-load", type=float, default=0.5, help="the 1-minute load average a cell may start at")
     add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for that before giving up")
     add("--allow-busy", action="store_true", help="measure on a busy machine anyway; such cells are marked BUSY")
@@ -402,6 +494,13 @@ def main() -> None:
     bench = Bench(args.max_load, args.allow_busy, args.max_wait_quiet, [])
     bench.quiet()  # refuse a busy machine before loading anything
     settings = ServerSettings(threads=args.threads, device=args.device)
+    from bench.paired import git_describe, now
+
+    commit, started_at = git_describe(), now()
+    if args.rerank:
+        from bench.rerank_peers import ensure_cross_encoder
+
+        ensure_cross_encoder()  # before any timing: torch and transformers, once
 
     from localserve.models.catalog import catalog_backend, catalog_variant
     from localserve.models.oneshot_embeddings import choose_embeddings_backend
@@ -411,27 +510,34 @@ def main() -> None:
     if default_key == "onnx" and catalog_variant(DEFAULT_ID) == "int8":
         default_key = "int8"  # the graph the default id runs on ONNX Runtime
     backends = {}
-    for key in dict.fromkeys(default_key if b == "default" else KEY_OF[b] for b in args.backends.split(",")):
+    keys = [] if args.backends == "none" else args.backends.split(",")
+    for key in dict.fromkeys(default_key if b == "default" else KEY_OF[b] for b in keys):
         model_id, label = EMBEDDING_IDS[key]
         backends[label + (" (default)" if key == default_key else "")] = open_model(model_id, EMBEDDINGS, settings)
-    first = next(iter(backends.values()))
-    tokens = [first.tokenize(t) for t in texts(args.texts)]  # type: ignore[attr-defined]  # one WordPiece vocabulary
+    first = next(iter(backends.values()), None)
+    tokens = [first.tokenize(t) for t in texts(args.texts)] if first else []  # type: ignore[attr-defined]  # one WordPiece vocabulary
     embed_config = OneShotQueueConfig(**BATCHING[EMBEDDINGS])  # type: ignore[arg-type]
     print(
         f"# one-shot bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start (max {args.max_load}"
         f"{', BUSY ALLOWED' if args.allow_busy else ''}), threads={args.threads or 'all'}, device={args.device}, "
         f"`{DEFAULT_ID}` runs on {default} here"
     )
-    print(
-        f"\nembeddings: {len(tokens)} single-text requests per cell, {np.mean([len(t) for t in tokens]):.0f} tokens on average"
-    )
+    if backends:
+        print(
+            f"\nembeddings: {len(tokens)} single-text requests per cell, "
+            f"{np.mean([len(t) for t in tokens]):.0f} tokens on average"
+        )
     rows, padding = [], []
     for label, backend in backends.items():
-        rows += throughput_rows(bench, label, backend, tokens, embed_one, embed_config, clients, args.rounds)
+        ceiling = partial(pool_ceiling, backend, tokens)
+        rows += throughput_rows(bench, label, backend, tokens, embed_one, embed_config, clients, args.rounds, ceiling)
         if not args.no_padding and not backend.padding_free:
             padding.append(padding_row(bench, label, backend, tokens, embed_one, embed_config))
-    print("\n".join(THROUGHPUT_HEADER + rows))
-    if not args.no_ceiling:
+    if backends:
+        print("\n".join(THROUGHPUT_HEADER + rows))
+    if args.rerank:
+        padding += rerank_tables(bench, args, settings)
+    if backends and not args.no_ceiling:
         sizes = " | ".join(f"batch {k}" for k in CEILING_SIZES)
         print("\nthe ceiling: items/s of the backend's own run() on equal texts, by batch size (no padding, no queue)")
         print(f"| backend | tokens | {sizes} | best / batch 1 | load avg before |")
@@ -454,13 +560,24 @@ def main() -> None:
                 padding_row(bench, f"{label}, fixed 30 s windows", whisper, clips, transcribe_one(whisper), asr_config)
             )
     if padding:
-        print("\npadding at 32 clients, batching on: padded slots / real tokens (or audio frames)")
+        print(
+            "\npadding at 32 clients (unless the row says), batching on: padded slots / real tokens (or audio frames)"
+        )
         print("\n".join(PADDING_HEADER + padding))
     busy = sum(1 for c in bench.cells if c["busy"])
     print(f"\nload average at end {os.getloadavg()[0]:.2f}" + (f"; {busy} cells BUSY: not figures" if busy else ""))
     if args.json:
         args.json.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cells": bench.cells}, indent=1)
+            json.dumps(
+                {
+                    "commit": commit,
+                    "started": started_at,
+                    "cpus": os.cpu_count(),
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "cells": bench.cells,
+                },
+                indent=1,
+            )
         )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -122,10 +123,79 @@ def busy_desktop() -> str:
     return "\n".join(lines)
 
 
+def rerank_peers() -> str:
+    """localserve / infinity-emb's /rerank on one cross-encoder, paired (bench/rerank_peers.py)."""
+    data = _load("rerank-peers.json")
+    lines = [
+        "| clients | infinity engine | localserve pairs/s | infinity pairs/s | localserve / infinity (median, range) "
+        "| p50 latency ms (localserve / infinity) | load before pairs |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for c in data["cells"]:
+        ratio = f"{c['ratio_median']:.2f}"
+        lines.append(
+            f"| {c['clients']} | {c['peer'].removeprefix('infinity-')}{' (fastest)' if c['fastest'] else ''} "
+            f"| {c['localserve_pairs_per_s']:.1f} | {c['peer_pairs_per_s']:.1f} "
+            f"| {f'**{ratio}**' if c['fastest'] else ratio} ({c['ratio_min']:.2f}-{c['ratio_max']:.2f}) "
+            f"| {c['localserve_p50_latency_ms']} / {c['peer_p50_latency_ms']} "
+            f"| {', '.join(f'{x:.2f}' for x in c['loads_before_pairs'])} |"
+        )
+    args, served = data["args"], data["servers"]["localserve"]
+    backend = served.get("served_as", {}).get("backend", "?")
+    lines.append("")
+    lines.append(
+        f"Commit {data['commit']}, {data['started'][:10]}, {data['cpus']} cores; {args['pairs']} pairs per cell, "
+        f"{args['requests']} requests per run, each a query and {data['request']['documents']} passages of "
+        f"{data['request']['passage_tokens'][0]}-{data['request']['passage_tokens'][1]} tokens; localserve on "
+        f"{backend} (its default for a cross-encoder folder), --threads {served['threads']}; "
+        f"infinity-emb 0.0.78, --batch-size {args['infinity_batch_size']}. Bold: against infinity's fastest "
+        "engine at that client count. Source: `bench/results/rerank-peers.json`."
+    )
+    return "\n".join(lines)
+
+
+def oneshot_rerank() -> str:
+    """The one-shot queue against the cross-encoder's own best batched run() (bench/oneshot_bench.py --rerank)."""
+    data = _load("oneshot-rerank.json")
+    rounds: dict[tuple[str, int], dict[int, dict[str, dict[str, Any]]]] = {}
+    for c in data["cells"]:
+        if c.get("table") == "throughput" and c["backend"].startswith("cross-encoder"):
+            rounds.setdefault((c["backend"], c["clients"]), {}).setdefault(c["round"], {})[c["batching"]] = c
+    lines = [
+        "| clients | queue (batching on) pairs/s | run() ceiling pairs/s (batch) | queue / ceiling (median, range) "
+        "| batching off pairs/s | mean batch (on) | load before (on) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (_, clients), by_round in rounds.items():
+        ons = [r["on"] for r in by_round.values()]
+        offs = [r["off"] for r in by_round.values()]
+        ratios = [on["items_per_s"] / on["ceiling_items_per_s"] for on in ons]
+        sizes = "/".join(str(s) for s in sorted({on["ceiling_batch"] for on in ons}))
+        lines.append(
+            f"| {clients} | {statistics.median([on['items_per_s'] for on in ons]):.1f} "
+            f"| {statistics.median([on['ceiling_items_per_s'] for on in ons]):.1f} ({sizes}) "
+            f"| **{statistics.median(ratios):.2f}** ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {statistics.median([off['items_per_s'] for off in offs]):.1f} | {statistics.median([on['mean_batch'] for on in ons]):.1f} "
+            f"| {max(on['load_before'] for on in ons):.2f} |"
+        )
+    args = data["args"]
+    lines.append("")
+    lines.append(
+        f"Commit {data['commit']}, {data['started'][:10]}, {data['cpus']} cores; "
+        f"{', '.join(dict.fromkeys(backend for backend, _ in rounds))}; {args['rounds']} rounds "
+        f"per row, each {args['rerank_requests']} requests of a query and 32 passages; the ceiling is the best of "
+        "run() on the same pairs, each client count's pairs in flight sorted by length and cut into batches of 1 to "
+        "256 (issue 41's goal: queue / ceiling >= 0.95). Source: `bench/results/oneshot-rerank.json`."
+    )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "peers-llama-server": peers_llama_server,
     "multiturn": multiturn,
     "busy-desktop": busy_desktop,
+    "rerank-peers": rerank_peers,
+    "oneshot-rerank": oneshot_rerank,
 }
 
 _BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table:(?P=name) -->)", re.DOTALL)
