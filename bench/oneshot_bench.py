@@ -26,7 +26,7 @@ own `run()` gives on the same texts taken as N clients hand them over (pool
 order, N at a time), each N sorted by length and cut into batches of 1, 2, 4,
 ... up to N (no queue, the least padding), and
 the one-shot queue's items/s against it ("on / ceiling"). For rerank, the N
-requests in flight are N x 32 pairs, cut into batches of 1, 2, 4, ... up to
+requests in flight are N x 32 pairs, cut into batches of 4, 8, 16, ... up to
 256 (issue 41's goal: on / ceiling >= 0.95). Speech has no ceiling. Each client count
 runs `--rounds` rounds of ceiling, off and on, the order rotating round by
 round; ratios are taken within a round (the host's speed drifts by tens of
@@ -385,7 +385,8 @@ def padding_row(
 
 
 CEILING_SIZES = (1, 2, 4, 8, 16, 32)
-RERANK_CEILING_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: No 1 or 2: a rerank request brings its 32 pairs at once, and those sizes take minutes to try.
+RERANK_CEILING_SIZES = (4, 8, 16, 32, 64, 128, 256)
 RERANK_PAIRS = 32  # documents per rerank request (bench/rerank_peers.py)
 
 
@@ -427,10 +428,12 @@ def rerank_tables(bench: Bench, args: argparse.Namespace, settings: ServerSettin
 
     opened = open_oneshot(ModelKind.RERANK, MODEL_NAME, MODEL_DIR, settings)
     backend, config = opened.backend, opened.batching  # what the server queues it with
+    if args.rerank_max_padding is not None:
+        config = replace(config, max_padding=args.rerank_max_padding)
     jobs = rerank_jobs(backend, args.rerank_requests)
     pairs = [pair for job in jobs for pair in job]
     clients = [int(c) for c in args.rerank_clients.split(",")]
-    label = f"cross-encoder ({backend.info().backend}, {Path(opened.source).name})"
+    label = f"cross-encoder ({backend.info().backend}, {Path(opened.source).name}, max_padding {config.max_padding:g})"
 
     def ceiling(n: int) -> tuple[float, int]:
         return pool_ceiling(backend, pairs, n * RERANK_PAIRS, RERANK_CEILING_SIZES)
@@ -441,7 +444,7 @@ def rerank_tables(bench: Bench, args: argparse.Namespace, settings: ServerSettin
         f"\nrerank: {len(jobs)} requests of a query and {RERANK_PAIRS} passages per cell, {np.mean(sizes):.0f} "
         f"tokens a pair on average ({min(sizes)}-{max(sizes)}); items/s = pairs/s; ceiling batches up to "
         f"{RERANK_CEILING_SIZES[-1]} pairs; queue: max_batch_size {config.max_batch_size}, "
-        f"max_batch_tokens {config.max_batch_tokens}"
+        f"max_batch_tokens {config.max_batch_tokens}, max_padding {config.max_padding:g}"
     )
     print("\n".join(THROUGHPUT_HEADER + rows))
     if args.no_padding:
@@ -482,6 +485,11 @@ def main() -> None:
     add("--rerank", action="store_true", help="also measure the cross-encoder of bench/rerank_peers.py")
     add("--rerank-requests", type=int, default=16, help="rerank requests (32 pairs each) per cell (default: 16)")
     add("--rerank-clients", default="1,8", help="concurrent rerank clients per cell, comma-separated (default: 1,8)")
+    add(
+        "--rerank-max-padding",
+        type=float,
+        help="the rerank queue's max_padding instead of the served one (models/oneshot.py BATCHING)",
+    )
     add("--max-load", type=float, default=0.5, help="the 1-minute load average a cell may start at")
     add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for that before giving up")
     add("--allow-busy", action="store_true", help="measure on a busy machine anyway; such cells are marked BUSY")

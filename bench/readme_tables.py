@@ -147,7 +147,7 @@ def rerank_peers() -> str:
         f"Commit {data['commit']}, {data['started'][:10]}, {data['cpus']} cores; {args['pairs']} pairs per cell, "
         f"{args['requests']} requests per run, each a query and {data['request']['documents']} passages of "
         f"{data['request']['passage_tokens'][0]}-{data['request']['passage_tokens'][1]} tokens; localserve on "
-        f"{backend} (its default for a cross-encoder folder), --threads {served['threads']}; "
+        f"{backend}, {served.get('graph', '?')} (its default for a cross-encoder folder), --threads {served['threads']}; "
         f"infinity-emb 0.0.78, --batch-size {args['infinity_batch_size']}. Bold: against infinity's fastest "
         "engine at that client count. Source: `bench/results/rerank-peers.json`."
     )
@@ -184,7 +184,7 @@ def oneshot_rerank() -> str:
         f"Commit {data['commit']}, {data['started'][:10]}, {data['cpus']} cores; "
         f"{', '.join(dict.fromkeys(backend for backend, _ in rounds))}; {args['rounds']} rounds "
         f"per row, each {args['rerank_requests']} requests of a query and 32 passages; the ceiling is the best of "
-        "run() on the same pairs, each client count's pairs in flight sorted by length and cut into batches of 1 to "
+        "run() on the same pairs, each client count's pairs in flight sorted by length and cut into batches of 4 to "
         "256 (issue 41's goal: queue / ceiling >= 0.95). Source: `bench/results/oneshot-rerank.json`."
     )
     return "\n".join(lines)

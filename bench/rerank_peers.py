@@ -79,6 +79,8 @@ SHAPE = dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, inter
 DOCUMENTS = 32  # passages per request
 PASSAGE_TOKENS = (90, 110)  # each passage's length, without special tokens
 INFINITY_BATCH = 32
+#: What `--model ce=DIR` serves (models/oneshot_classifier.py: a folder with no catalog variant).
+LOCALSERVE_GRAPH = "the fused float32 ONNX graph"
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -150,7 +152,10 @@ def workload(first: int, count: int, tokenizer: Any, documents: int = DOCUMENTS)
 def open_tokenizer(folder: Path) -> Any:
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 # ---- servers ---------------------------------------------------------------------------------
@@ -360,7 +365,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Reproduce: .venv/bin/python bench/rerank_peers.py --max-load 0.5 --json bench/results/rerank-peers.json",
     )
     add = parser.add_argument
-    add("--peers", default="infinity-optimum,infinity-torch", help="comma-separated (default: both infinity engines)")
+    add(
+        "--peers",
+        default="infinity-optimum,infinity-torch",
+        help="infinity-optimum, infinity-torch, comma-separated (default: both)",
+    )
     add("--clients", default="1,8", help="concurrent HTTP clients per cell, comma-separated (default: 1,8)")
     add(
         "--requests",
@@ -450,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
             "model": {"folder": str(folder), "shape": SHAPE, "labels": 1, "seed": 0},
             "request": {"documents": DOCUMENTS, "passage_tokens": list(PASSAGE_TOKENS)},
             "servers": {
-                "localserve": {"served_as": served, "threads": args.threads},
+                "localserve": {"served_as": served, "graph": LOCALSERVE_GRAPH, "threads": args.threads},
                 **{p: {"package": PEER_PACKAGES[1], "infinity_batch_size": args.infinity_batch_size} for p in names},
             },
             "score_check": checks,
