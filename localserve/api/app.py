@@ -53,7 +53,7 @@ from localserve.api.state import REGISTRY, SETTINGS, STATE, ApiState
 from localserve.config import ServerSettings
 from localserve.models.registry import ModelRegistry
 from localserve.serving.builtin_templates import chat_template_source
-from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
+from localserve.serving.openai.request import ChatCompletionRequest, TextCompletionRequest
 from localserve.serving.prompts import TemplateCache
 
 log = logging.getLogger(__name__)

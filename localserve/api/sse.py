@@ -23,7 +23,7 @@ from localserve.api.http_edge import BYTES_SENT, note_abandoned
 from localserve.engine.types import FinishReason
 from localserve.errors import LocalServeError
 from localserve.serving.answer import Answer
-from localserve.serving.types import ChoiceEnd, Delta
+from localserve.serving.types import ChoiceEnd, Delta, Event
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,6 @@ async def _finish_with_error(writer: SseWriter, fmt: ChunkFormat, failed: Choice
     for end in ends:
         for chunk in fmt.chunks(end):
             await writer.send(chunk)
-
-
-#: A named SSE event: `event: NAME` and its `data` (Responses and Anthropic Messages streams).
-Event = tuple[str, dict[str, Any]]
 
 
 class EventFormat(Protocol):

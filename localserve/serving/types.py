@@ -279,6 +279,9 @@ class ChoiceEnd:
 
 Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | ToolCallEnd | ChoiceEnd
 
+#: A named event of a stream: `event: NAME` and its `data` (the Responses and Anthropic Messages streams).
+Event = tuple[str, dict[str, Any]]
+
 
 @dataclass(slots=True)
 class ChoiceResult:

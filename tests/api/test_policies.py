@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from localserve.api.security import HostPolicy, OriginPolicy, host_name
 from localserve.config import ServerSettings
-from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
+from localserve.serving.openai.request import ChatCompletionRequest, TextCompletionRequest
 from localserve.serving.validation import field_path, from_validation_error
 
 

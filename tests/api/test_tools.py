@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from localserve.backends.chat_template import ChatTemplate
-from localserve.serving.openai.convert import tools as openai_tools
+from localserve.serving.openai.request import tools as openai_tools
 from localserve.serving.openai.schemas import NamedToolChoice, ToolDef
 from localserve.serving.tools import TOOL_OPEN, plan_tools, prompt_messages, renders_tools
 from localserve.serving.tools_parse import ToolCallParser, parse_reply

@@ -19,7 +19,7 @@ import pytest
 
 from localserve.api.admin.openapi import REF_TEMPLATE, app_routes, build_document
 from localserve.serving.openai.embeddings import EmbeddingRequest
-from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
+from localserve.serving.openai.request import ChatCompletionRequest, TextCompletionRequest
 from tests.api.harness import API_KEY, MODEL_ID, ServerThread
 from tests.reliability.conftest import EMBEDDING_MODEL, SPEECH_MODEL
 

@@ -4,8 +4,7 @@ README's "Sampling defaults" table), and that its own values win."""
 from __future__ import annotations
 
 from localserve.serving.ollama.request import OllamaOptions, ollama_options
-from localserve.serving.openai.convert import sampling
-from localserve.serving.openai.schemas import ChatCompletionRequest
+from localserve.serving.openai.request import ChatCompletionRequest, sampling
 
 
 def chat(**fields: object) -> ChatCompletionRequest:

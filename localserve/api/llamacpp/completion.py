@@ -39,7 +39,7 @@ from localserve.serving.llamacpp.request import (
     with_server_defaults,
 )
 from localserve.serving.models import hold_chat_model
-from localserve.serving.openai.wire import new_id
+from localserve.serving.openai.answer import new_id
 
 log = logging.getLogger(__name__)
 

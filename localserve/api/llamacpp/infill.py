@@ -36,7 +36,7 @@ from localserve.serving.completions import start_infill
 from localserve.serving.fim import fim_tokens
 from localserve.serving.llamacpp.answer import InfillRun
 from localserve.serving.llamacpp.request import NativeInfillRequest, infill_request, with_server_defaults
-from localserve.serving.openai.wire import new_id
+from localserve.serving.openai.answer import new_id
 
 log = logging.getLogger(__name__)
 

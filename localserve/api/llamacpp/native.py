@@ -36,8 +36,8 @@ from localserve.serving.llamacpp.request import (
     TokenizeRequest,
 )
 from localserve.serving.models import hold_chat_model
-from localserve.serving.openai.convert import chat_request
 from localserve.serving.openai.embeddings import embedding_inputs
+from localserve.serving.openai.request import chat_request
 
 
 def register(app: web.Application) -> None:

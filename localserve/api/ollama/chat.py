@@ -37,7 +37,7 @@ from localserve.serving.completions import start_text
 from localserve.serving.models import hold_chat_model
 from localserve.serving.ollama.answer import ChatLines, GenerateLines, OllamaLines, loaded_line
 from localserve.serving.ollama.request import OllamaChatRequest, OllamaGenerateRequest, chat_request, text_request
-from localserve.serving.openai.wire import new_id
+from localserve.serving.openai.answer import new_id
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

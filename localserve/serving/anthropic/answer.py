@@ -13,6 +13,7 @@ from localserve.serving.types import (
     ChoiceEnd,
     ChoiceResult,
     Delta,
+    Event,
     ReasoningDelta,
     TextDelta,
     ToolCallArguments,
@@ -20,8 +21,6 @@ from localserve.serving.types import (
     ToolCallStart,
     Usage,
 )
-
-Event = tuple[str, dict[str, Any]]  # a named SSE event's name and data (as `api.sse.Event`)
 
 ERROR_TYPES = {
     400: "invalid_request_error",

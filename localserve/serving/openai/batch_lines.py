@@ -28,8 +28,7 @@ from localserve.jobs.types import LineResult, new_id
 from localserve.models.registry import ModelRegistry, resolve
 from localserve.serving.models import LocalModels, ModelHost
 from localserve.serving.openai import chat, completions, embeddings, rerank, responses
-from localserve.serving.openai.responses_request import ResponsesRequest
-from localserve.serving.openai.schemas import ChatCompletionRequest, TextCompletionRequest
+from localserve.serving.openai.request import ChatCompletionRequest, ResponsesRequest, TextCompletionRequest
 from localserve.serving.validation import from_validation_error
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,8 @@ from typing import Any
 from localserve.serving.answer import Answer
 from localserve.serving.chat import start_chat
 from localserve.serving.models import ModelHost
-from localserve.serving.openai.convert import chat_request
-from localserve.serving.openai.schemas import ChatCompletionRequest
-from localserve.serving.openai.wire import AnswerMeta, chat_completion, new_id
+from localserve.serving.openai.answer import AnswerMeta, chat_completion, new_id
+from localserve.serving.openai.request import ChatCompletionRequest, chat_request
 from localserve.serving.types import ChoiceResult
 
 

@@ -9,9 +9,8 @@ from localserve.engine.backend import Tokenizer
 from localserve.serving.answer import Answer
 from localserve.serving.completions import start_completion
 from localserve.serving.models import ModelHost
-from localserve.serving.openai.convert import completion_request
-from localserve.serving.openai.schemas import TextCompletionRequest
-from localserve.serving.openai.wire import AnswerMeta, new_id, text_completion
+from localserve.serving.openai.answer import AnswerMeta, new_id, text_completion
+from localserve.serving.openai.request import TextCompletionRequest, completion_request
 
 
 async def start(host: ModelHost, body: TextCompletionRequest) -> tuple[AnswerMeta, Answer]:

@@ -1,9 +1,13 @@
-"""Request bodies of the OpenAI-compatible endpoints, validated at the edge.
+"""The bodies of OpenAI's generating endpoints (chat completions, legacy
+completions, Responses), validated at the edge; `request` turns them into the
+serving layer's requests.
 
 Unknown fields are accepted and ignored, as OpenAI's API does, so clients
 that send newer parameters keep working. Fields that would change the answer
 in a way this server cannot honour (image parts, `echo` with `logprobs`)
-are refused with a 400 that names them.
+are refused with a 400 that names them. The Responses API is stateless
+here: server-side state (`previous_response_id`, `store: true`,
+`conversation`, `background`) is refused with a 400.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from localserve.engine.types import parse_priority
+from localserve.errors import InvalidRequestError
 from localserve.serving.validation import check_unicode
 
 MAX_STOP = 16
@@ -343,3 +348,108 @@ class TextCompletionRequest(SamplingFields):
         if all(isinstance(item, int) for item in prompt):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
+
+
+# ---- the Responses API -------------------------------------------------------------------
+
+STATELESS = (
+    "this server is stateless: it keeps no responses or conversations, so {what} cannot be used; "
+    "send the whole conversation in 'input' (with 'store': false or left out)"
+)
+
+
+class FunctionToolDef(_Model):
+    type: Literal["function"]
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Model):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a format of type 'json_schema' needs a 'schema'")
+        return self
+
+
+class TextConfig(_Model):
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponsesRequest(_Model):
+    """Body of `POST /v1/responses`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # Over HTTP parse_body has checked already; a Batch API line is validated here alone.
+        check_unicode(data)
+        return data
+
+    model: str = ""  # "": the only chat model this server runs (serving/models.py)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    tools: list[FunctionToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    stream: bool = False
+    # llama-server's streamed extras: `timings` on every event, and `prompt_progress` events
+    timings_per_token: bool = False
+    return_progress: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    seed: int | None = None  # an extension, as on chat completions
+    priority: Priority = None  # this server's extension
+    reasoning: dict[str, Any] | None = None  # {"effort": "none"} closes a reasoning model's think section
+
+    @model_validator(mode="after")
+    def _stateless(self) -> ResponsesRequest:
+        for field, what in (
+            ("previous_response_id", "previous_response_id"),
+            ("conversation", "conversation"),
+        ):
+            if getattr(self, field):
+                raise InvalidRequestError(STATELESS.format(what=what), param=field)
+        if self.store:
+            raise InvalidRequestError(STATELESS.format(what="'store': true"), param="store")
+        if self.background:
+            raise InvalidRequestError(STATELESS.format(what="'background': true"), param="background")
+        return self
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, value: list[FunctionToolDef] | None) -> list[FunctionToolDef] | None:
+        names = [tool.name for tool in value or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("every function needs its own name")
+        return value
+
+    @model_validator(mode="after")
+    def _named_tool_exists(self) -> ResponsesRequest:
+        names = [tool.name for tool in self.tools or ()]
+        if self.tool_choice == "required" and not names:
+            raise InvalidRequestError("tool_choice 'required' needs at least one entry in 'tools'", param="tool_choice")
+        if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
+            raise InvalidRequestError(f"the function {self.tool_choice.name!r} is not in 'tools'", param="tool_choice")
+        return self
