@@ -36,7 +36,7 @@ from localserve.models.registry import resolve  # noqa: E402
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. "
 
 
-def open_backends(names: list[str], threads: int, parallel: int):  # type: ignore[no-untyped-def]
+def open_backends(names: list[str], threads: int, num_slots: int):  # type: ignore[no-untyped-def]
     from tests.fixtures.export_smollm2 import export_smollm2
 
     gguf = resolve("smollm2-135m-instruct").path
@@ -45,14 +45,14 @@ def open_backends(names: list[str], threads: int, parallel: int):  # type: ignor
         from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
         out["llamacpp"] = LlamaCppBackend(
-            LlamaCppConfig(str(gguf), n_ctx=1024, parallel=parallel, batch_tokens=512, n_threads=threads)
+            LlamaCppConfig(str(gguf), n_ctx=1024, num_slots=num_slots, step_tokens=512, n_threads=threads)
         )
     folders = export_smollm2(gguf) if any(n != "llamacpp" for n in names) else {}
     if "onnx" in names:
         from localserve.backends.onnx.backend import OnnxBackend, OnnxConfig
 
         out["onnx"] = OnnxBackend(
-            OnnxConfig(str(folders["onnx"]), n_ctx=1024, parallel=parallel, batch_tokens=512, n_threads=threads)
+            OnnxConfig(str(folders["onnx"]), n_ctx=1024, num_slots=num_slots, step_tokens=512, n_threads=threads)
         )
     for name, precision in (("openvino-f32", "f32"), ("openvino", "")):
         if name in names:
@@ -61,8 +61,8 @@ def open_backends(names: list[str], threads: int, parallel: int):  # type: ignor
             config = OpenVinoConfig(
                 str(folders["openvino"]),
                 n_ctx=1024,
-                parallel=parallel,
-                batch_tokens=512,
+                num_slots=num_slots,
+                step_tokens=512,
                 n_threads=threads,
                 device="CPU",
                 precision=precision,

@@ -100,7 +100,7 @@ async def engine_decode_tps(backend: LlamaCppBackend, n_seqs: int, n_prompt: int
             stamps[i].extend([time.perf_counter()] * len(event.token_ids))
 
     await asyncio.gather(*(one(i) for i in range(n_seqs)))
-    await engine.remove_model("m", close_backend=False)
+    await engine.unload_model("m", close_backend=False)
     window_start = max(s[0] for s in stamps)  # every sequence is decoding from here
     window_end = min(s[-1] for s in stamps)  # ... until the first one ends
     tokens = sum(sum(1 for t in s if window_start < t <= window_end) for s in stamps)
@@ -130,10 +130,10 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model or str(resolve("smollm2-135m-instruct").path)
     sizes = [int(s) for s in args.sizes.split(",")]
-    # One KV stream of the raw loop's length per slot (kv_tokens=0): a smaller
-    # kv_tokens would make the backend share one pool, which decodes slower.
+    # One KV stream of the raw loop's length per slot (kv_size=0): a smaller
+    # kv_size would make the backend share one pool, which decodes slower.
     n_ctx = max(args.prompt_tokens + args.tokens + 8, 256)
-    config = LlamaCppConfig(model_path=path, n_ctx=n_ctx, parallel=max(sizes), n_threads=args.threads)
+    config = LlamaCppConfig(model_path=path, n_ctx=n_ctx, num_slots=max(sizes), n_threads=args.threads)
     backend = in_own_thread(LlamaCppBackend, config)
     print(f"model {path}\nthreads {args.threads}, prompt {args.prompt_tokens}, generated {args.tokens}\n")
     load = os.getloadavg()[0]

@@ -115,10 +115,10 @@ def _open(backend_name: str, folder: str, streams: int) -> Any:
     if backend_name == "llamacpp":
         from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
-        return LlamaCppBackend(LlamaCppConfig(folder, n_ctx=512, parallel=max(streams, 1)))
+        return LlamaCppBackend(LlamaCppConfig(folder, n_ctx=512, num_slots=max(streams, 1)))
     from localserve.backends.onnx.backend import OnnxBackend, OnnxConfig
 
-    return OnnxBackend(OnnxConfig(folder, n_ctx=512, parallel=max(streams, 1), batch_tokens=512, n_threads=0))
+    return OnnxBackend(OnnxConfig(folder, n_ctx=512, num_slots=max(streams, 1), step_tokens=512, n_threads=0))
 
 
 def child(args: list[str], cwd: Path) -> dict[str, float]:
@@ -145,7 +145,7 @@ def compile_times() -> dict[str, Any]:
     from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
     from localserve.serving.grammar import _schema_grammar
 
-    backend = LlamaCppBackend(LlamaCppConfig(_smollm2(), n_ctx=256, parallel=1))
+    backend = LlamaCppBackend(LlamaCppConfig(_smollm2(), n_ctx=256, num_slots=1))
     tokenizer = backend.tokenizer().guidance_tokenizer()
     out: dict[str, Any] = {}
     import llguidance

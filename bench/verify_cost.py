@@ -35,7 +35,7 @@ def measure(model_path: str, threads: int, repeats: int) -> list[dict[str, float
 
     from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
-    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_ctx=2048, parallel=1, batch_tokens=512, n_threads=threads))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_ctx=2048, num_slots=1, step_tokens=512, n_threads=threads))
     ctx, mem, batch = backend._native()
 
     def decode(tokens: list[int], start: int) -> float:

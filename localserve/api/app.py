@@ -37,7 +37,7 @@ from localserve.api.admin.requests import cancel_request
 from localserve.api.admin.stats import register_stats_routes
 from localserve.api.anthropic import messages
 from localserve.api.doc_models import ChatCompletion, Health, ModelList, ModelObject, TextCompletion
-from localserve.api.leases import release_leases_middleware
+from localserve.api.holds import release_holds_middleware
 from localserve.api.llamacpp import completion as native_completion
 from localserve.api.llamacpp import infill, native
 from localserve.api.middleware import auth_middleware, body_timeout_middleware, error_middleware
@@ -79,7 +79,7 @@ def create_app(settings: ServerSettings, registry: ModelRegistry) -> web.Applica
             host_middleware(settings),
             cors_middleware(settings),  # before auth: preflights carry no key
             auth_middleware(settings.api_key, public=webui.is_public),  # the UI's page asks for the key itself
-            release_leases_middleware,  # innermost: gives back the models a request held once it is done
+            release_holds_middleware,  # innermost: gives back the models a request held once it is done
         ],
     )
     app[SETTINGS] = settings

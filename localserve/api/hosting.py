@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from localserve.api.admin.metrics import note_model
+from localserve.api.holds import hold_model
 from localserve.api.http_edge import OUTPUT_TOKENS
-from localserve.api.leases import use_model
 from localserve.api.state import REGISTRY, STATE
 from localserve.backends.chat_template import ChatTemplate
 from localserve.engine.backend import Tokenizer
@@ -20,7 +20,7 @@ from localserve.serving.models import LocalModels
 
 class RequestModels:
     """A `serving.models.ModelHost` for one HTTP request: models are held
-    (api.leases) until its answer is written, loaded on demand; `keep_alive`
+    (api.holds) until its answer is written, loaded on demand; `keep_alive`
     is the caller's, else the JSON body's; the request's metrics carry the
     model it used."""
 
@@ -39,7 +39,7 @@ class RequestModels:
         return self.request.app[REGISTRY]
 
     async def hold(self, model_id: str, kind: Kinds) -> str:
-        return await use_model(self.request, model_id, kind=kind, keep_alive=self.keep_alive)
+        return await hold_model(self.request, model_id, kind=kind, keep_alive=self.keep_alive)
 
     def chat_template(self, model_id: str, tokenizer: Tokenizer) -> ChatTemplate:
         return self.request.app[STATE].chat_template(model_id, tokenizer)

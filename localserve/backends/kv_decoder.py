@@ -173,7 +173,7 @@ class KvDecoderBackend(GenerativeBackend):
         self.io = io
         self._tokenizer = tokenizer
         self._capacity = capacity
-        self._slots = [SlotKv(io) for _ in range(capacity.max_num_seqs)]
+        self._slots = [SlotKv(io) for _ in range(capacity.num_slots)]
         self._samplers: dict[int, NumpySampler] = {}
         self.num_calls = 0  # graph calls so far (for tests and benchmarks)
         self.max_padding = MAX_PADDING_FACTOR  # see plan_calls; inf: one call per step
@@ -313,24 +313,22 @@ class KvDecoderBackend(GenerativeBackend):
 
 
 def plan_capacity(
-    io: DecoderIO, model_config: dict[str, Any], *, n_ctx: int, parallel: int, kv_tokens: int, batch_tokens: int
+    io: DecoderIO, model_config: dict[str, Any], *, n_ctx: int, num_slots: int, kv_size: int, step_tokens: int
 ) -> Capacity:
-    """Slots = `parallel`; context = `n_ctx` capped by the model's own; KV
-    cells as asked, else `parallel * n_ctx` if that fits in half the free
+    """Slots = `num_slots`; context = `n_ctx` capped by the model's own; KV
+    cells as asked, else `num_slots * n_ctx` if that fits in half the free
     memory, else what does (never below one context)."""
     n_ctx = min(n_ctx, int(model_config.get("max_position_embeddings") or n_ctx))
-    parallel = max(1, parallel)
-    if kv_tokens <= 0:
+    num_slots = max(1, num_slots)
+    if kv_size <= 0:
         try:
             import psutil
 
             budget = psutil.virtual_memory().available // 2 // io.bytes_per_token
         except (ImportError, OSError):
             budget = 16384
-        kv_tokens = min(parallel * n_ctx, int(budget))
-    return Capacity(
-        max_num_seqs=parallel, max_num_batched_tokens=batch_tokens, kv_tokens=max(kv_tokens, n_ctx), n_ctx=n_ctx
-    )
+        kv_size = min(num_slots * n_ctx, int(budget))
+    return Capacity(num_slots=num_slots, step_tokens=step_tokens, kv_size=max(kv_size, n_ctx), n_ctx=n_ctx)
 
 
 def read_model_config(folder: Path) -> dict[str, Any]:

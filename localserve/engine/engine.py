@@ -158,7 +158,7 @@ class Engine:
         `engine.step.faults.FaultInjectingBackend`. `backend()` returns the wrapper."""
         self._wrap = wrap
 
-    async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
+    async def unload_model(self, model_id: str, *, close_backend: bool = True) -> None:
         """Stop a model's worker (in-flight requests end with an error) and
         close its backend (unless the caller keeps it for another engine)."""
         model = self._models.pop(model_id, None)
@@ -170,7 +170,7 @@ class Engine:
 
     async def close(self) -> None:
         for model_id in list(self._models):
-            await self.remove_model(model_id)
+            await self.unload_model(model_id)
 
     async def drain(self, timeout: float) -> int:
         """Graceful shutdown: refuse new requests (503), let those in flight
@@ -278,8 +278,8 @@ class Engine:
                 backend=info.backend,
                 device=info.device,
                 in_flight=len(model.streams),
-                kv_total=model.capacity.kv_tokens,
-                max_num_seqs=model.capacity.max_num_seqs,
+                kv_size=model.capacity.kv_size,
+                num_slots=model.capacity.num_slots,
                 n_ctx=model.capacity.n_ctx,
                 scheduler=model.worker.snapshot,
                 recent_batch_sizes=tuple(model.stats.recent_batch_sizes()),

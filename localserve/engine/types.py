@@ -131,9 +131,9 @@ class TokenEvent:
 class Capacity:
     """What a generative backend can hold and compute in one step."""
 
-    max_num_seqs: int  # KV slots (llama.cpp sequence ids)
-    max_num_batched_tokens: int  # token budget of one step
-    kv_tokens: int  # KV cells shared by all slots
+    num_slots: int  # KV slots (llama.cpp sequence ids)
+    step_tokens: int  # token budget of one step
+    kv_size: int  # KV cells shared by all slots
     n_ctx: int  # the longest sequence one slot may hold
     max_draft_tokens: int = 0  # drafts a decode chunk may carry for verification; 0: the backend cannot
     has_draft_model: bool = False  # the backend can draft with a model of its own (SeqChunk.draft_model_tokens)
@@ -147,7 +147,7 @@ class SchedulerConfig:
     preempt_margin: float = 0.5  # priority levels a waiter must lead by to preempt
     enable_prefix_cache: bool = True
     batch_priority: float = 2.0  # priorities at or past this are `batch` work
-    reserved_slots: int | None = None  # slots that are interactive work's first claim; None: max_num_seqs // 8
+    reserved_slots: int | None = None  # slots that are interactive work's first claim; None: num_slots // 8
     # Batch work beside interactive work: a shared step may take at most
     itl_target: float = 1.2  # x the predicted step of the interactive work alone (its inter-token latency)
     ttft_target: float = 1.5  # ... and keep an arriving prompt's first token within this x its step alone

@@ -19,7 +19,7 @@ answers wait in memory and are stored when the disk takes them again, no
 line is lost or run twice; past `storage_timeout_s` the batch fails with an
 error file that says why. Output files are published whole or not at all.
 
-While a batch runs, the runner holds its model (`hold_model`, a lease in the
+While a batch runs, the runner holds its model (`hold_model`, a `ModelHold` in the
 server): each line holds it too, but between two lines nothing would, and
 LRU eviction or a short keep_alive could unload it under the batch.
 """

@@ -151,9 +151,9 @@ def _decoder_options(ctx: BackendContext) -> dict[str, Any]:
     s, o = ctx.settings, ctx.options
     return {
         "n_ctx": o.ctx_size or int(MODEL_DEFAULTS["ctx_size"]),
-        "parallel": o.parallel,
-        "kv_tokens": o.kv_size,
-        "batch_tokens": s.batch_tokens,
+        "num_slots": o.parallel,
+        "kv_size": o.kv_size,
+        "step_tokens": s.batch_tokens,
         "n_threads": s.cpu_threads,
         "device": o.device,
     }

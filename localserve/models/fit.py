@@ -2,7 +2,7 @@
 GPU and how long a context each slot gets.
 
 The KV cache (backends/llamacpp/backend.py) is one stream of `n_ctx` cells per slot,
-or, when `kv_size` is below `n_ctx * parallel`, one pool of `kv_size` cells
+or, when `kv_size` is below `n_ctx * num_slots`, one pool of `kv_size` cells
 the slots share (by default, when neither a context per slot nor a KV size
 was asked for, one pool of one context: see `models.plan.default_kv_pool`). It takes `cells * kv_bytes_per_cell` bytes, split between
 the GPU (the offloaded layers) and RAM (the rest). The fit:
@@ -64,8 +64,10 @@ class FitRequest:
     """The options that size a load (already resolved: request > flag > config > catalog > default)."""
 
     ctx_size: int  # per slot; 0 = the model's training context
-    parallel: int
-    kv_size: int = 0  # KV cells over all slots; 0 = ctx_size * parallel; ONE_CONTEXT_POOL = one context's cells, shared
+    num_slots: int
+    kv_size: int = (
+        0  # KV cells over all slots; 0 = ctx_size * num_slots; ONE_CONTEXT_POOL = one context's cells, shared
+    )
     n_gpu_layers: int | None = None  # None = auto, -1 = all
     use_gpu: bool = True  # False: device cpu
 
@@ -75,9 +77,9 @@ class Fit:
     """The sizes a model is loaded with, and why."""
 
     n_ctx: int  # per slot
-    parallel: int
-    kv_tokens: int  # KV cells of all slots together
-    shared_pool: bool  # kv_tokens < n_ctx * parallel: the slots share one pool (else one stream each)
+    num_slots: int
+    kv_size: int  # KV cells of all slots together
+    shared_pool: bool  # kv_size < n_ctx * num_slots: the slots share one pool (else one stream each)
     n_gpu_layers: int  # -1 = all (output head included)
     n_layers: int
     kv_bytes: int  # the whole KV cache, every slot
@@ -93,7 +95,7 @@ class Fit:
 def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     """Pick the per-slot context and the GPU layers for `shape` on `memory` (see the module docstring)."""
     notes: list[str] = []
-    parallel = max(1, want.parallel)
+    num_slots = max(1, want.num_slots)
     ctx = want.ctx_size or shape.n_ctx_train or 4096
     if shape.n_ctx_train and ctx > shape.n_ctx_train:
         notes.append(f"ctx {ctx} > the model's training context: {shape.n_ctx_train}")
@@ -101,7 +103,7 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     if want.kv_size == ONE_CONTEXT_POOL:
         cells = ctx
     else:
-        cells = max(want.kv_size, ctx) if 0 < want.kv_size < ctx * parallel else ctx * parallel
+        cells = max(want.kv_size, ctx) if 0 < want.kv_size < ctx * num_slots else ctx * num_slots
     layers = _gpu_layers(shape, memory, want, cells, notes)
     on_gpu = shape.n_layers if layers == ALL_LAYERS else layers
     kv_gpu_per_cell = sum(shape.kv_bytes_per_layer[:on_gpu])
@@ -110,17 +112,17 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     if layers == ALL_LAYERS:
         weights_ram -= _output_bytes(shape)
     if kv_ram_per_cell:
-        budget = memory.ram_available - weights_ram - _compute_bytes(shape, ctx, parallel) - _ram_headroom(memory)
-        ctx, cells = _cap_cells(ctx, cells, parallel, budget // kv_ram_per_cell, f"{_gib(budget)} of free RAM", notes)
+        budget = memory.ram_available - weights_ram - _compute_bytes(shape, ctx, num_slots) - _ram_headroom(memory)
+        ctx, cells = _cap_cells(ctx, cells, num_slots, budget // kv_ram_per_cell, f"{_gib(budget)} of free RAM", notes)
     if on_gpu and kv_gpu_per_cell:
         budget = memory.gpu_free - sum(shape.layer_bytes[:on_gpu]) - _gpu_headroom(memory)
         what = f"{_gib(budget)} of free GPU memory"
-        ctx, cells = _cap_cells(ctx, cells, parallel, budget // kv_gpu_per_cell, what, notes)
+        ctx, cells = _cap_cells(ctx, cells, num_slots, budget // kv_gpu_per_cell, what, notes)
     return Fit(
         n_ctx=ctx,
-        parallel=parallel,
-        kv_tokens=cells,
-        shared_pool=cells < ctx * parallel,
+        num_slots=num_slots,
+        kv_size=cells,
+        shared_pool=cells < ctx * num_slots,
         n_gpu_layers=layers,
         n_layers=shape.n_layers,
         kv_bytes=cells * shape.kv_bytes_per_cell,
@@ -130,7 +132,7 @@ def fit_model(shape: GgufShape, memory: Memory, want: FitRequest) -> Fit:
     )
 
 
-def _gpu_layers(shape: GgufShape, memory: Memory, want: FitRequest, kv_tokens: int, notes: list[str]) -> int:
+def _gpu_layers(shape: GgufShape, memory: Memory, want: FitRequest, kv_size: int, notes: list[str]) -> int:
     if not want.use_gpu:
         return 0
     if not memory.gpu_offload or not memory.gpu_free:
@@ -140,10 +142,10 @@ def _gpu_layers(shape: GgufShape, memory: Memory, want: FitRequest, kv_tokens: i
     if want.n_gpu_layers is not None:
         wanted = want.n_gpu_layers
         return ALL_LAYERS if wanted < 0 or wanted > shape.n_layers else wanted
-    budget = memory.gpu_free - _gpu_headroom(memory) - _compute_bytes(shape, kv_tokens, 1)
+    budget = memory.gpu_free - _gpu_headroom(memory) - _compute_bytes(shape, kv_size, 1)
     layers = 0
     for weights, kv_cell in zip(shape.layer_bytes, shape.kv_bytes_per_layer, strict=True):
-        cost = weights + kv_cell * kv_tokens
+        cost = weights + kv_cell * kv_size
         if cost > budget:
             break
         budget -= cost
@@ -159,14 +161,14 @@ def _gpu_layers(shape: GgufShape, memory: Memory, want: FitRequest, kv_tokens: i
     return layers
 
 
-def _cap_cells(ctx: int, cells: int, parallel: int, max_cells: int, what: str, notes: list[str]) -> tuple[int, int]:
+def _cap_cells(ctx: int, cells: int, num_slots: int, max_cells: int, what: str, notes: list[str]) -> tuple[int, int]:
     """(ctx per slot, KV cells) cut so that at most `max_cells` cells are needed:
-    streams (cells = ctx * parallel) lose context per slot; a shared pool
+    streams (cells = ctx * num_slots) lose context per slot; a shared pool
     loses cells first, and context only below one slot's worth."""
     if cells <= max_cells:
         return ctx, cells
-    shared = cells < ctx * parallel
-    fitting_ctx = max(0, max_cells) // (1 if shared else parallel) // CTX_STEP * CTX_STEP
+    shared = cells < ctx * num_slots
+    fitting_ctx = max(0, max_cells) // (1 if shared else num_slots) // CTX_STEP * CTX_STEP
     if fitting_ctx < MIN_CTX:
         raise InvalidRequestError(
             f"not enough memory for the KV cache: {what} holds {max(0, fitting_ctx)} tokens per slot, "
@@ -178,17 +180,17 @@ def _cap_cells(ctx: int, cells: int, parallel: int, max_cells: int, what: str, n
         new_ctx = min(ctx, pool)
         notes.append(f"shared KV pool {cells} -> {pool} cells (ctx {new_ctx} per slot): it must fit {what}")
         return new_ctx, pool
-    notes.append(f"ctx {ctx} -> {fitting_ctx} per slot: the KV cache of {parallel} slots must fit {what}")
-    return fitting_ctx, fitting_ctx * parallel
+    notes.append(f"ctx {ctx} -> {fitting_ctx} per slot: the KV cache of {num_slots} slots must fit {what}")
+    return fitting_ctx, fitting_ctx * num_slots
 
 
-def _compute_bytes(shape: GgufShape, ctx: int, parallel: int) -> int:
+def _compute_bytes(shape: GgufShape, ctx: int, num_slots: int) -> int:
     """llama.cpp's compute and output buffers: mostly the logits of a micro-batch
     (measured on SmolLM2: 98 MiB compute + 1.5 MiB output at 8 x 8192)."""
     logits = UBATCH_TOKENS * shape.n_vocab * 4
     activations = UBATCH_TOKENS * shape.n_embd * 4 * 16
     mask = UBATCH_TOKENS * ctx * 2
-    return logits + activations + mask + parallel * shape.n_vocab * 4
+    return logits + activations + mask + num_slots * shape.n_vocab * 4
 
 
 def _output_bytes(shape: GgufShape) -> int:

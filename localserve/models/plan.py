@@ -39,8 +39,8 @@ class LoadReport:
     """The effective options of a loaded model, and why they are what they are."""
 
     ctx_per_slot: int
-    parallel: int
-    kv_tokens: int
+    num_slots: int
+    kv_size: int
     kv_bytes: int  # 0 when unknown (not a GGUF)
     n_gpu_layers: int  # layers offloaded (all of them: n_layers)
     n_layers: int  # 0 when unknown
@@ -55,14 +55,14 @@ class LoadReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "ctx_per_slot": self.ctx_per_slot,
-            "parallel": self.parallel,
-            "kv_tokens": self.kv_tokens,
+            "parallel": self.num_slots,
+            "kv_tokens": self.kv_size,
             "kv_mib": round(self.kv_bytes / MIB, 1),
             "cache_type_k": self.cache_type_k,
             "cache_type_v": self.cache_type_v,
             "flash_attn": self.flash_attn,
             "weights_mib": round(self.weight_bytes / MIB, 1),
-            "kv_shared": self.kv_tokens < self.ctx_per_slot * self.parallel,  # one pool for all slots
+            "kv_shared": self.kv_size < self.ctx_per_slot * self.num_slots,  # one pool for all slots
             "n_gpu_layers": self.n_gpu_layers,
             "n_layers": self.n_layers,
             "device": self.device,
@@ -76,9 +76,9 @@ class LoadReport:
         kv = f", KV {self.kv_bytes / MIB:.0f} MiB" if self.kv_bytes else ""
         if self.kv_bytes and (self.cache_type_k, self.cache_type_v) != ("f16", "f16"):
             kv += f" {self.cache_type_k}/{self.cache_type_v}"
-        if self.kv_tokens < self.ctx_per_slot * self.parallel:
-            kv += f" (one pool of {self.kv_tokens} cells)"
-        return f"ctx {self.ctx_per_slot} x {self.parallel} slots, GPU layers {gpu}{kv}"
+        if self.kv_size < self.ctx_per_slot * self.num_slots:
+            kv += f" (one pool of {self.kv_size} cells)"
+        return f"ctx {self.ctx_per_slot} x {self.num_slots} slots, GPU layers {gpu}{kv}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +95,9 @@ class LlamaCppPlan:
         per_slot = capacity.n_ctx
         return LoadReport(
             ctx_per_slot=per_slot,
-            parallel=capacity.max_num_seqs,
-            kv_tokens=capacity.kv_tokens,
-            kv_bytes=capacity.kv_tokens * self.shape.kv_bytes_per_cell,
+            num_slots=capacity.num_slots,
+            kv_size=capacity.kv_size,
+            kv_bytes=capacity.kv_size * self.shape.kv_bytes_per_cell,
             n_gpu_layers=self.fit.num_gpu_layers if device != "CPU" else 0,
             n_layers=self.shape.n_layers,
             device=device,
@@ -125,7 +125,7 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
     shape = with_kv_types(read_gguf_shape(path), options.cache_type_k, options.cache_type_v)
     want = FitRequest(
         ctx_size=options.ctx_size,
-        parallel=options.parallel,
+        num_slots=options.parallel,
         kv_size=ONE_CONTEXT_POOL if default_kv_pool(options) else options.kv_size,
         n_gpu_layers=options.n_gpu_layers,
         use_gpu=options.device != "cpu",  # auto on a CPU build: the fit notes why no layer is offloaded
@@ -134,9 +134,9 @@ def plan_resolved(model_id: str, path: Path, settings: ServerSettings, options: 
     config = LlamaCppConfig(
         model_path=str(path),
         n_ctx=fit.n_ctx,
-        parallel=fit.parallel,
-        kv_tokens=fit.kv_tokens if fit.shared_pool else 0,  # 0: one stream of n_ctx cells per slot
-        batch_tokens=settings.batch_tokens,
+        num_slots=fit.num_slots,
+        kv_size=fit.kv_size if fit.shared_pool else 0,  # 0: one stream of n_ctx cells per slot
+        step_tokens=settings.batch_tokens,
         n_threads=settings.cpu_threads,
         device=options.device,
         n_gpu_layers=fit.n_gpu_layers,
@@ -176,8 +176,8 @@ def plain_report(options: ResolvedOptions, capacity: Capacity, device: str) -> L
     """The report of a model without a GGUF (ONNX, OpenVINO): no fit, no layer counts."""
     return LoadReport(
         ctx_per_slot=capacity.n_ctx,
-        parallel=capacity.max_num_seqs,
-        kv_tokens=capacity.kv_tokens,
+        num_slots=capacity.num_slots,
+        kv_size=capacity.kv_size,
         kv_bytes=0,
         n_gpu_layers=0,
         n_layers=0,

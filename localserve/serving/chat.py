@@ -9,7 +9,7 @@ import dataclasses
 from localserve.errors import InvalidRequestError
 from localserve.serving.answer import Answer, submit
 from localserve.serving.grammar import grammar_for
-from localserve.serving.models import ChatModel, ModelHost, open_chat_model
+from localserve.serving.models import ChatModel, ModelHost, held_chat_model
 from localserve.serving.prompts import chat_prompt, chat_text
 from localserve.serving.reasoning import ReasoningFormat, reasoning_grammar
 from localserve.serving.tools import ToolPlan, plan_tools, prompt_messages
@@ -18,7 +18,7 @@ from localserve.serving.types import ChatRequest, Message
 
 async def start_chat(host: ModelHost, request: ChatRequest, *, answer_id: str) -> Answer:
     """Validate, build the prompt and queue the choices of a chat request."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     plan = plan_tools(request.tools, model.tokenizer)
     if plan is not None and request.output is not None:
         param = request.output.param
@@ -113,7 +113,7 @@ def split_continuation(request: ChatRequest) -> tuple[tuple[Message, ...], str |
 
 async def count_chat_tokens(host: ModelHost, request: ChatRequest) -> int:
     """How many tokens the prompt of `request` takes (nothing is generated)."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     return len(await chat_prompt_ids(model, request, plan_tools(request.tools)))
 
 
@@ -121,7 +121,7 @@ async def render_chat(host: ModelHost, request: ChatRequest) -> tuple[str, str]:
     """The model id and the prompt text `request` renders to through the
     model's template, with its tools as the chat path gives them (nothing
     is tokenized or generated: llama-server's `/apply-template`)."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     template = model.template
     history, continuation = split_continuation(request)
     messages, tools = prompt_messages([m.for_template() for m in history], plan_tools(request.tools), template)

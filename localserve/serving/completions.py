@@ -9,7 +9,7 @@ import asyncio
 from localserve.serving.answer import Answer, submit
 from localserve.serving.fim import fim_prompt, require_fim
 from localserve.serving.grammar import grammar_for
-from localserve.serving.models import ModelHost, open_chat_model
+from localserve.serving.models import ModelHost, held_chat_model
 from localserve.serving.prompts import completion_prompt, text_prompt
 from localserve.serving.types import CompletionRequest, InfillRequest, TextRequest
 
@@ -18,7 +18,7 @@ async def start_completion(host: ModelHost, request: CompletionRequest, *, answe
     """Queue `num_choices` choices per prompt (choice `p * n + i` is choice
     i of prompt p). With `suffix`, each prompt is the prefix of a
     fill-in-the-middle prompt (a 400 for a model without FIM tokens)."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     tokenizer, param = model.tokenizer, request.prompt_param
     fim = require_fim(tokenizer, model.model_id, param="suffix") if request.suffix else None
 
@@ -57,7 +57,7 @@ async def start_completion(host: ModelHost, request: CompletionRequest, *, answe
 
 async def start_text(host: ModelHost, request: TextRequest, *, answer_id: str) -> Answer:
     """Queue the answer to one text prompt (see `TextRequest`)."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     tokenizer = model.tokenizer
 
     def build() -> list[int]:
@@ -91,7 +91,7 @@ async def start_text(host: ModelHost, request: TextRequest, *, answer_id: str) -
 async def start_infill(host: ModelHost, request: InfillRequest, *, answer_id: str) -> Answer:
     """Queue a fill-in-the-middle answer; `Answer.truncated` says whether the
     prompt was cut to fit the context (prefix start, suffix end, extra first)."""
-    model = await open_chat_model(host, request.model)
+    model = await held_chat_model(host, request.model)
     fim = require_fim(model.tokenizer, model.model_id, param=request.model_param)
     built = await asyncio.to_thread(
         fim_prompt,

@@ -1,7 +1,7 @@
 """How the serving layer reaches its models.
 
 The caller hands each call a `ModelHost`: the model registry, how to hold a
-model loaded until the call is over (a registry lease), and the compiled
+model loaded until the call is over (a registry `ModelHold`), and the compiled
 chat templates. The server gives one per HTTP request
 (`api.hosting.RequestModels`); the batch runner, `localserve batch run` and
 `localserve run` use `LocalModels`.
@@ -19,7 +19,7 @@ from localserve.engine.backend import Tokenizer
 from localserve.engine.engine import Engine
 from localserve.errors import InvalidRequestError, ModelLoadingError, ModelNotDownloadedError, ModelNotFoundError
 from localserve.models.kinds import Kinds, ModelKind
-from localserve.models.registry import Lease, LoadedOneShot, ModelRegistry
+from localserve.models.registry import LoadedOneShot, ModelHold, ModelRegistry
 from localserve.serving.prompts import TemplateCache
 
 
@@ -121,7 +121,7 @@ class ChatModel:
         return self.host.chat_template(self.model_id, self.tokenizer)
 
 
-async def open_chat_model(host: ModelHost, name: str) -> ChatModel:
+async def held_chat_model(host: ModelHost, name: str) -> ChatModel:
     """The chat model `name`, loaded (on demand) and held for this call."""
     model_id = await hold_chat_model(host, name)
     engine = host.registry.engine
@@ -149,21 +149,21 @@ class LocalModels:
 
 
 class _CallModels:
-    """`LocalModels` for one call, with the leases it holds."""
+    """`LocalModels` for one call, with the holds it has."""
 
     def __init__(self, models: LocalModels, keep_alive: object) -> None:
         self._models = models
         self._keep_alive = keep_alive
-        self._leases: list[Lease] = []
+        self._holds: list[ModelHold] = []
 
     @property
     def registry(self) -> ModelRegistry:
         return self._models.registry
 
     async def hold(self, model_id: str, kind: Kinds) -> str:
-        lease = await self.registry.acquire(model_id, kind=kind, keep_alive=self._keep_alive)
-        self._leases.append(lease)
-        return lease.model_id
+        hold = await self.registry.hold(model_id, kind=kind, keep_alive=self._keep_alive)
+        self._holds.append(hold)
+        return hold.model_id
 
     @property
     def name_fallback(self) -> bool:
@@ -179,5 +179,5 @@ class _CallModels:
         pass
 
     def release(self) -> None:
-        while self._leases:
-            self.registry.release(self._leases.pop())
+        while self._holds:
+            self.registry.release(self._holds.pop())

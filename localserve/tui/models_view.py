@@ -71,8 +71,8 @@ class ModelView:
     running: Mapping[str, int] = field(default_factory=dict)  # priority class -> count
     waiting: Mapping[str, int] = field(default_factory=dict)
     kv_used: int = 0
-    kv_total: int = 0
-    max_num_seqs: int = 0
+    kv_size: int = 0
+    num_slots: int = 0
     n_ctx: int = 0
     prefix_cache_hit_rate: float = 0.0
     spec_draft_tokens: int = 0  # speculative decoding: drafts verified
@@ -143,8 +143,8 @@ def parse_model(data: Mapping[str, Any]) -> ModelView:
         running=counts("running"),
         waiting=counts("waiting"),
         kv_used=int_(data, "kv_used"),
-        kv_total=int_(data, "kv_total"),
-        max_num_seqs=int_(data, "max_num_seqs"),
+        kv_size=int_(data, "kv_total"),
+        num_slots=int_(data, "max_num_seqs"),
         n_ctx=int_(data, "n_ctx"),
         spec_draft_tokens=int_(data, "spec_draft_tokens"),
         spec_accepted_tokens=int_(data, "spec_accepted_tokens"),

@@ -211,7 +211,7 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
         metrics = await (await client.get("/metrics")).text()
         stream.abort()
         backend.resume()
-        await registry.engine.remove_model("fake")
+        await registry.engine.unload_model("fake")
         queue.close()
     (entry,) = body["models"]
     assert set(entry) == MODEL_KEYS, set(entry) ^ MODEL_KEYS
@@ -230,7 +230,7 @@ async def test_stats_and_metrics_keep_their_keys() -> None:
     # The dashboard's one parser of this JSON reads the same figures.
     view = Snapshot.from_json(body)
     (model_view,) = view.models
-    assert model_view.model_id == "fake" and model_view.kv_total == entry["kv_total"] > 0
+    assert model_view.model_id == "fake" and model_view.kv_size == entry["kv_total"] > 0
     assert model_view.num_running == 1 and model_view.batch_policy.mode == entry["batch_policy"]["mode"] != ""
     assert view.requests[0].max_tokens == 50 and view.one_shot[0].kind == "embeddings"
     families = set(re.findall(r"^# TYPE (\w+) ", metrics, flags=re.MULTILINE))

@@ -203,7 +203,7 @@ def test_grammar_constrains_the_output(decoder: KvDecoderBackend) -> None:
 def test_exported_tokenizer_matches_llama_cpp(decoder: KvDecoderBackend, smollm2_path: Path) -> None:
     from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
-    llama = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=1))
+    llama = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, num_slots=1))
     try:
         ours, theirs = decoder.tokenizer(), llama.tokenizer()
         for text in ("café 日本語 🙂 x=12345;\n\tdef f(): pass", "<|im_start|>user\nHi<|im_end|>\n"):
@@ -240,9 +240,9 @@ async def test_concurrent_requests_equal_their_run_alone_results(decoder: KvDeco
         together = await asyncio.gather(*(_run(engine, "m", _request(p, **params)) for p in prompts))
         assert [t[0] for t in together] == alone
         sizes = engine.stats()["m"].recent_batch_sizes
-        assert max(sizes) >= decoder.capacity().max_num_seqs, f"requests were not batched: {sizes}"
+        assert max(sizes) >= decoder.capacity().num_slots, f"requests were not batched: {sizes}"
     finally:
-        await engine.remove_model("m", close_backend=False)
+        await engine.unload_model("m", close_backend=False)
 
 
 @pytest.mark.slow
@@ -257,7 +257,7 @@ async def test_seeded_sampling_is_reproducible(decoder: KvDecoderBackend) -> Non
         others = [(await _run(engine, "m", _request(prompt, **{**params, "seed": s})))[0] for s in (1, 2)]
         assert any(o != first for o in others)
     finally:
-        await engine.remove_model("m", close_backend=False)
+        await engine.unload_model("m", close_backend=False)
 
 
 @pytest.mark.slow
@@ -269,7 +269,7 @@ async def test_priority_preempts_and_the_preempted_request_resumes_unchanged(dec
     engine.add_model("p", decoder)
     try:
         params = dict(max_tokens=10, temperature=0.0, ignore_eos=True)
-        slow = [encode(decoder, p) for p in CONCURRENT_PROMPTS[: decoder.capacity().max_num_seqs]]
+        slow = [encode(decoder, p) for p in CONCURRENT_PROMPTS[: decoder.capacity().num_slots]]
         alone = [(await _run(engine, "p", _request(p, priority=2.0, **params)))[0] for p in slow]
         order: list[str] = []
 
@@ -291,7 +291,7 @@ async def test_priority_preempts_and_the_preempted_request_resumes_unchanged(dec
         assert engine.stats()["p"].scheduler.num_preemptions >= 1
         assert results == alone
     finally:
-        await engine.remove_model("p", close_backend=False)
+        await engine.unload_model("p", close_backend=False)
 
 
 @pytest.mark.slow
@@ -315,7 +315,7 @@ async def test_abort_frees_a_slot_at_the_next_step(decoder: KvDecoderBackend) ->
         for r in longs[1:]:
             engine.abort(r.request_id)
     finally:
-        await engine.remove_model("a", close_backend=False)
+        await engine.unload_model("a", close_backend=False)
 
 
 @pytest.mark.slow

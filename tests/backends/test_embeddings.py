@@ -247,18 +247,18 @@ def test_inputs_the_model_cannot_embed_are_400s(backend: LlamaEmbeddingBackend) 
 
 
 @pytest.mark.parametrize(
-    ("batch_tokens", "max_seqs", "expected"), [(64, 128, (64, 64)), (100, 8, (104, 8)), (160, 64, (192, 64))]
+    ("decode_tokens", "max_seqs", "expected"), [(64, 128, (64, 64)), (100, 8, (104, 8)), (160, 64, (192, 64))]
 )
 def test_context_sizes_llama_cpp_would_abort_on_are_rounded(
-    gguf_path: Path, batch_tokens: int, max_seqs: int, expected: tuple[int, int]
+    gguf_path: Path, decode_tokens: int, max_seqs: int, expected: tuple[int, int]
 ) -> None:
     # llama.cpp kills the process (GGML_ASSERT) unless n_seq_max <= n_ubatch
     # and n_ubatch is a multiple of n_seq_max.
     b = LlamaEmbeddingBackend(
-        LlamaEmbeddingConfig(str(gguf_path), n_threads=1, batch_tokens=batch_tokens, max_seqs=max_seqs)
+        LlamaEmbeddingConfig(str(gguf_path), n_threads=1, decode_tokens=decode_tokens, max_seqs=max_seqs)
     )
     try:
-        assert (b.batch_tokens, b.max_seqs) == expected
+        assert (b.decode_tokens, b.max_seqs) == expected
         assert b.max_input_tokens == expected[0]
         vectors = b.run([b.tokenize(t) for t in sentences(10)])  # split over several forward passes
         assert len(vectors) == 10

@@ -47,7 +47,7 @@ def test_the_plan_accounts_for_the_cache_type(smollm2_path: Path) -> None:
 @pytest.mark.parametrize("cache_type", ["q8_0", "q4_0"])
 def test_smollm2_answers_with_a_quantized_kv_cache(smollm2_path: Path, cache_type: str) -> None:
     config = LlamaCppConfig(
-        str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=256, n_threads=2,
+        str(smollm2_path), n_ctx=256, num_slots=2, step_tokens=256, n_threads=2,
         cache_type_k=cache_type, cache_type_v=cache_type, flash_attn="on",
     )  # fmt: skip
     backend = LlamaCppBackend(config)
@@ -64,7 +64,7 @@ def test_by_default_the_slots_share_one_context_of_kv_like_llama_server(smollm2_
         return plan_llamacpp("smollm2-135m-instruct", smollm2_path, ServerSettings(**settings), ModelOptions()).fit
 
     default = fit()
-    assert default.shared_pool and default.kv_tokens == default.n_ctx  # 8 slots share 8192 cells, not 8 x 8192
+    assert default.shared_pool and default.kv_size == default.n_ctx  # 8 slots share 8192 cells, not 8 x 8192
     streams = fit(ctx_size=1024, parallel=16)  # a context per slot asked for: a stream each
-    assert not streams.shared_pool and streams.kv_tokens == 16 * 1024
+    assert not streams.shared_pool and streams.kv_size == 16 * 1024
     assert not fit(kv_size=0).shared_pool  # kv_size 0 asked for: ctx x parallel

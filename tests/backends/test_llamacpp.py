@@ -49,22 +49,22 @@ def greedy_continue(backend: LlamaCppBackend, prompt: list[int], n: int, slot: i
 
 @pytest.fixture(scope="module")
 def tiny(tiny_gguf_path: Path):
-    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=512, parallel=4, batch_tokens=256, n_threads=2))
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=512, num_slots=4, step_tokens=256, n_threads=2))
     yield backend
     backend.close()
 
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path: Path):
-    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512))
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, num_slots=4, step_tokens=512))
     yield backend
     backend.close()
 
 
 def test_tiny_model_loads_with_its_capacity_and_template(tiny: LlamaCppBackend) -> None:
     cap = tiny.capacity()
-    assert cap.max_num_seqs == 4 and cap.max_num_batched_tokens == 256
-    assert cap.n_ctx == 512 and cap.kv_tokens >= 512
+    assert cap.num_slots == 4 and cap.step_tokens == 256
+    assert cap.n_ctx == 512 and cap.kv_size >= 512
     tok = tiny.tokenizer()
     assert "<|im_start|>" in (tok.chat_template or "")
     assert tok.eog_token_ids, "the GGUF declares <|im_end|> as EOS"
@@ -322,7 +322,7 @@ def test_warm_up_runs_on_the_step_thread_never_the_loading_one(
         real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(module, "warm_up", recording)
-    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, parallel=2, batch_tokens=64, n_threads=2))
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, num_slots=2, step_tokens=64, n_threads=2))
     assert threads == [], "loading the model decoded on the loading thread"
 
     async def serve() -> None:
@@ -358,7 +358,7 @@ def test_a_seed_gives_the_same_tokens_alone_or_among_eight(smollm2_path: Path) -
     """Each sequence draws from its own generator: its tokens depend on its
     seed, never on its batchmates; greedy rows taken in one argmax match
     greedy alone."""
-    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=128, parallel=8, batch_tokens=256))
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=128, num_slots=8, step_tokens=256))
     try:
         tok = backend.tokenizer()
         texts = ["Once upon a time", "The weather today", "def fib(n):", "My favourite food", "In 1969,"]
@@ -383,7 +383,7 @@ def test_the_thread_count_changes_between_steps_with_the_same_greedy_tokens(smol
     """`set_cpu_threads` (engine/threads.py's choice) changes llama.cpp's
     threads from the next decode: greedy output is the same token for token
     whether a stream runs on 2 threads, on 1, or switches every few steps."""
-    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=128, n_threads=2))
+    backend = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, num_slots=2, step_tokens=128, n_threads=2))
     try:
         assert backend.cpu_threads() == 2
         prompt = backend.tokenizer().encode("The history of the printing press", add_special=False)

@@ -19,7 +19,7 @@ CPU_ONLY = ["CPUExecutionProvider"]
 
 
 def open_backend(folder: Path, **overrides) -> OnnxBackend:  # type: ignore[no-untyped-def]
-    config = dict(n_ctx=1024, parallel=4, batch_tokens=256, n_threads=0)
+    config = dict(n_ctx=1024, num_slots=4, step_tokens=256, n_threads=0)
     return OnnxBackend(OnnxConfig(str(folder), **{**config, **overrides}))
 
 
@@ -71,5 +71,5 @@ def test_cuda_on_a_cpu_only_onnxruntime_fails_at_load(exported_smollm2: dict[str
 def test_info_and_capacity(decoder: OnnxBackend) -> None:
     info, cap = decoder.info(), decoder.capacity()
     assert (info.backend, info.device, info.architecture) == ("onnx", "CPU", "llama")
-    assert cap.max_num_seqs == 4 and cap.n_ctx == 1024 and cap.kv_tokens == 4 * 1024
-    assert cap.max_num_batched_tokens == 256
+    assert cap.num_slots == 4 and cap.n_ctx == 1024 and cap.kv_size == 4 * 1024
+    assert cap.step_tokens == 256

@@ -25,7 +25,7 @@ from tests.fixtures.export_smollm2 import exported_smollm2  # noqa: F401 - sessi
 
 def open_backend(folder: Path, **overrides) -> OpenVinoBackend:  # type: ignore[no-untyped-def]
     # f32: this CPU would otherwise run bf16, whose tokens drift from PyTorch's.
-    config = dict(n_ctx=1024, parallel=4, batch_tokens=256, device="CPU", precision="f32")
+    config = dict(n_ctx=1024, num_slots=4, step_tokens=256, device="CPU", precision="f32")
     return OpenVinoBackend(OpenVinoConfig(str(folder), **{**config, **overrides}))
 
 
@@ -54,8 +54,8 @@ def test_only_the_npu_needs_static_shapes() -> None:
 
 
 def test_npu_static_shapes_come_from_ctx_size_parallel_and_batch_tokens() -> None:
-    plan = plan_static_shapes(n_ctx=1024, parallel=4, batch_tokens=256, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
-    assert plan == StaticShapes(kv_tokens=1024, prompt_tokens=256, decode_rows=4)
+    plan = plan_static_shapes(n_ctx=1024, num_slots=4, step_tokens=256, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
+    assert plan == StaticShapes(past_tokens=1024, prompt_tokens=256, decode_rows=4)
     assert (plan.prefill.rows, plan.prefill.new_tokens, plan.prefill.past_tokens) == (1, 256, 1024)
     assert (plan.decode.rows, plan.decode.new_tokens, plan.decode.past_tokens) == (4, 1, 1024)
     shapes = static_input_shapes(plan.decode, ["past_key_values.0.key"], 3, 64, has_position_ids=True)
@@ -70,20 +70,20 @@ def test_npu_static_shapes_come_from_ctx_size_parallel_and_batch_tokens() -> Non
 def test_npu_refuses_the_server_defaults_naming_what_to_set() -> None:
     # --ctx-size 4096 x --parallel 8 of SmolLM2's float32 KV: 1.4 GiB per decode call.
     with pytest.raises(LocalServeError) as refused:
-        plan_static_shapes(n_ctx=4096, parallel=8, batch_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
+        plan_static_shapes(n_ctx=4096, num_slots=8, step_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
     message = refused.value.message
     assert "static shapes" in message and "1.4 GiB" in message
     assert "--ctx-size 2816 (LOCALSERVE_CTX_SIZE=2816)" in message
     assert "--parallel 5 (LOCALSERVE_PARALLEL=5)" in message
-    plan_static_shapes(n_ctx=2816, parallel=8, batch_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
-    plan_static_shapes(n_ctx=4096, parallel=5, batch_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
+    plan_static_shapes(n_ctx=2816, num_slots=8, step_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
+    plan_static_shapes(n_ctx=4096, num_slots=5, step_tokens=512, bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN)
 
 
 def test_static_calls_share_decode_rows_and_split_long_prompts() -> None:
     def c(seq_id: int, n: int, start: int = 0) -> SeqChunk:
         return SeqChunk(seq_id, seq_id, tuple(range(n)), start, True, SamplingParams())
 
-    plan = StaticShapes(kv_tokens=512, prompt_tokens=8, decode_rows=2)
+    plan = StaticShapes(past_tokens=512, prompt_tokens=8, decode_rows=2)
     calls = static_calls([c(0, 1, 40), c(1, 20, 5), c(2, 1, 9), c(3, 1, 3)], plan)
     assert [([x.seq_id for x in call], shape) for call, shape in calls] == [
         ([0, 2], plan.decode),
@@ -114,7 +114,7 @@ def test_absent_gpu_fails_at_load(exported_smollm2: dict[str, Path]) -> None:  #
 def test_info_and_capacity(decoder: OpenVinoBackend) -> None:
     info, cap = decoder.info(), decoder.capacity()
     assert (info.backend, info.device, info.architecture) == ("openvino", "CPU", "llama")
-    assert cap.max_num_seqs == 4 and cap.n_ctx == 1024
+    assert cap.num_slots == 4 and cap.n_ctx == 1024
 
 
 @pytest.mark.slow
@@ -123,9 +123,9 @@ def test_static_shapes_give_the_dynamic_tokens(decoder: OpenVinoBackend, exporte
     prompts split into prefill calls, decode rows padded, same greedy tokens."""
     from tests.backends.decoder_contract import REFERENCE_PROMPTS, chunk, encode, greedy_alone, step
 
-    static = open_backend(exported_smollm2["openvino"], n_ctx=256, batch_tokens=4, static_shapes=True)
+    static = open_backend(exported_smollm2["openvino"], n_ctx=256, step_tokens=4, static_shapes=True)
     try:
-        assert static.static == StaticShapes(kv_tokens=256, prompt_tokens=4, decode_rows=4)
+        assert static.static == StaticShapes(past_tokens=256, prompt_tokens=4, decode_rows=4)
         prompts = [encode(decoder, p) for p in REFERENCE_PROMPTS]
         alone = [greedy_alone(decoder, ids, 6) for ids in prompts]
         assert [greedy_alone(static, ids, 6) for ids in prompts] == alone

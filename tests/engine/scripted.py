@@ -73,14 +73,14 @@ def scripted_outputs(num_prompt_tokens: int, outputs: list[int]) -> NextToken:
 
 def make_capacity(
     *,
-    max_num_seqs: int = 4,
-    max_num_batched_tokens: int = 64,
-    kv_tokens: int = 1024,
+    num_slots: int = 4,
+    step_tokens: int = 64,
+    kv_size: int = 1024,
     n_ctx: int = 128,
     max_draft_tokens: int = 0,
     has_draft_model: bool = False,
 ) -> Capacity:
-    return Capacity(max_num_seqs, max_num_batched_tokens, kv_tokens, n_ctx, max_draft_tokens, has_draft_model)
+    return Capacity(num_slots, step_tokens, kv_size, n_ctx, max_draft_tokens, has_draft_model)
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -109,7 +109,7 @@ class ScriptedBackend:
         self.capacity = capacity
         self.next_token = next_token
         self.draft_token = draft_token  # a draft model (Capacity.has_draft_model): proposes greedily
-        self.slots: list[list[int]] = [[] for _ in range(capacity.max_num_seqs)]
+        self.slots: list[list[int]] = [[] for _ in range(capacity.num_slots)]
         self.released_seq_ids: set[int] = set()
         self.num_drafted = self.num_accepted = 0
 
@@ -144,7 +144,7 @@ class ScriptedBackend:
                     del self.slots[chunk.slot][base + len(more) :]  # the rejected drafts' cells go
                     self.num_drafted += chunk.num_draft
                     self.num_accepted += len(more)
-        assert self.kv_used() <= self.capacity.kv_tokens, f"KV overflow: {self.kv_used()} cells"
+        assert self.kv_used() <= self.capacity.kv_size, f"KV overflow: {self.kv_used()} cells"
         self.released_seq_ids.update(batch.released_seq_ids)
         return StepResult(sampled, accepted=accepted, drafted=drafted, saved=self.saved)
 
@@ -160,8 +160,8 @@ class ScriptedBackend:
         return out
 
     def _check_batch(self, batch: StepPlan) -> None:
-        assert batch.num_tokens <= self.capacity.max_num_batched_tokens, f"step of {batch.num_tokens} tokens"
-        assert len(batch.chunks) <= self.capacity.max_num_seqs
+        assert batch.num_tokens <= self.capacity.step_tokens, f"step of {batch.num_tokens} tokens"
+        assert len(batch.chunks) <= self.capacity.num_slots
         assert len({c.slot for c in batch.chunks}) == len(batch.chunks), "two chunks in one slot"
         assert len({c.seq_id for c in batch.chunks}) == len(batch.chunks), "two chunks of one sequence"
         finished = self.released_seq_ids | set(batch.released_seq_ids)
@@ -332,7 +332,7 @@ class Driver:
 
 def run_alone(prompt_token_ids: list[int], next_token: NextToken = hashed_next_token, **sampling) -> list[int]:  # type: ignore[no-untyped-def]
     """The tokens a request gets with the server to itself and room to spare."""
-    driver = Driver(make_capacity(max_num_seqs=1, max_num_batched_tokens=1024), next_token=next_token)
+    driver = Driver(make_capacity(num_slots=1, step_tokens=1024), next_token=next_token)
     driver.add("alone", prompt_token_ids, **sampling)
     driver.run()
     return driver.records["alone"].token_ids

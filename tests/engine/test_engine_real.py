@@ -21,7 +21,7 @@ _ids = itertools.count()
 
 @pytest.fixture(scope="module")
 def backend(smollm2_path: Path):
-    b = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=16, kv_tokens=8192, batch_tokens=512))
+    b = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, num_slots=16, kv_size=8192, step_tokens=512))
     yield b
     b.close()
 
@@ -32,7 +32,7 @@ async def engine(backend: LlamaCppBackend):
     eng = Engine(EngineConfig())
     eng.add_model("smol", FaultInjectingBackend(backend))
     yield eng
-    await eng.remove_model("smol", close_backend=False)
+    await eng.unload_model("smol", close_backend=False)
 
 
 def request(tokens: list[int], **sampling) -> GenerateRequest:  # type: ignore[no-untyped-def]
@@ -128,7 +128,7 @@ async def test_stop_string_ends_the_text_before_it(engine: Engine) -> None:
 
 async def test_abort_frees_the_slot_at_the_next_step(backend: LlamaCppBackend, smollm2_path: Path) -> None:
     eng = Engine(EngineConfig())
-    small = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=512, parallel=1, batch_tokens=256))
+    small = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=512, num_slots=1, step_tokens=256))
     eng.add_model("one", small)
     tok = small.tokenizer()
     long_req = GenerateRequest(
@@ -236,7 +236,7 @@ async def test_batch_work_yields_to_an_interactive_request_within_its_targets(ba
         outputs = await asyncio.gather(*lines)
         policy = engine.stats()["smol"].batch_policy
     finally:
-        await engine.remove_model("smol", close_backend=False)
+        await engine.unload_model("smol", close_backend=False)
     assert last.num_output_tokens == 8 and all(len(tokens) == 48 for tokens in outputs)  # the preempted one too
     assert max(len(chunks) for chunks, *_ in steps[:mark]) == num_lines  # alone: every slot in one step
     assert policy.num_slots_returned >= 1
@@ -276,13 +276,13 @@ async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
     monkeypatch.setattr(worker_module, "TRUSTED_AFTER_STEPS", 5)  # (the prompt and 4 decodes)
     monkeypatch.setattr(threads_module, "MARGIN", 100.0)  # keep every suggested switch: this is about the output
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    smol = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, parallel=2, batch_tokens=128, n_threads=2))
+    smol = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=256, num_slots=2, step_tokens=128, n_threads=2))
     fixed = Engine(EngineConfig())
     fixed.add_model("smol", smol)
     prompt = smol.tokenizer().encode("The history of the printing press", add_special=False)
     want, _, _ = await run(fixed, request(prompt, max_tokens=48, temperature=0.0, ignore_eos=True))
     assert fixed.stats()["smol"].threads.adaptive is False
-    await fixed.remove_model("smol", close_backend=False)
+    await fixed.unload_model("smol", close_backend=False)
 
     adaptive = Engine(EngineConfig(adaptive_threads=True))
     adaptive.add_model("smol", smol)
@@ -294,7 +294,7 @@ async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
         assert state.switches >= 4, state
         assert flipping.calls >= 8
     finally:
-        await adaptive.remove_model("smol")
+        await adaptive.unload_model("smol")
 
 
 async def test_a_token_id_outside_the_vocabulary_is_refused_before_any_step(engine: Engine) -> None:

@@ -127,7 +127,7 @@ LONG = prompt(0, 2 * BLOCK + 40)  # two whole blocks and a tail
 
 def alone(ids: list[int]) -> list[int]:
     """The answer computed from scratch, without any cache."""
-    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    capacity = make_capacity(num_slots=1, step_tokens=256, kv_size=1024, n_ctx=1024)
     driver = Driver(capacity)
     driver.add("alone", ids, max_tokens=8)
     driver.run()
@@ -135,7 +135,7 @@ def alone(ids: list[int]) -> list[int]:
 
 
 def drive(disk: DiskPrefixStore, prompts: dict[str, list[int]], **kwargs) -> Driver:  # type: ignore[no-untyped-def]
-    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    capacity = make_capacity(num_slots=1, step_tokens=256, kv_size=1024, n_ctx=1024)
     driver = Driver(capacity, disk=disk)
     for request_id, ids in prompts.items():
         driver.add(request_id, ids, max_tokens=kwargs.get("max_tokens", 8))
@@ -197,7 +197,7 @@ class WatchedStore:
 
 def test_schedule_reads_no_file_the_prefix_is_read_ahead_when_the_request_arrives(tmp_path):
     watched = WatchedStore(store(tmp_path))
-    capacity = make_capacity(max_num_seqs=1, max_num_batched_tokens=256, kv_tokens=1024, n_ctx=1024)
+    capacity = make_capacity(num_slots=1, step_tokens=256, kv_size=1024, n_ctx=1024)
     driver = Driver(capacity, disk=watched)  # type: ignore[arg-type]
     plan = driver.scheduler.schedule
 
@@ -226,7 +226,7 @@ def test_a_sequence_waits_for_its_prefix_while_other_work_runs(tmp_path):
         first.disk.put(key, num_tokens, payload)  # type: ignore[union-attr]
     first.disk.close()  # type: ignore[union-attr]
     disk = store(tmp_path)  # restarted, with two slots: room for both requests
-    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=512, kv_tokens=2048, n_ctx=1024), disk=disk)
+    driver = Driver(make_capacity(num_slots=2, step_tokens=512, kv_size=2048, n_ctx=1024), disk=disk)
     release = threading.Event()
     real_load = disk.load
 
@@ -262,7 +262,7 @@ def test_a_restore_the_backend_refuses_is_recomputed_and_its_file_deleted(tmp_pa
         first.disk.put(key, num_tokens, payload)  # type: ignore[union-attr]
     first.disk.close()  # type: ignore[union-attr]
     disk = store(tmp_path)  # restarted, with two slots: room for both requests
-    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=512, kv_tokens=2048, n_ctx=1024), disk=disk)
+    driver = Driver(make_capacity(num_slots=2, step_tokens=512, kv_size=2048, n_ctx=1024), disk=disk)
     real_execute = driver.backend.execute
 
     def refusing(batch: StepPlan) -> StepResult:

@@ -24,7 +24,7 @@ DOCUMENT = " ".join(
 
 
 def open_backend(path: Path) -> LlamaCppBackend:
-    return LlamaCppBackend(LlamaCppConfig(str(path), n_ctx=2048, parallel=1, batch_tokens=512))
+    return LlamaCppBackend(LlamaCppConfig(str(path), n_ctx=2048, num_slots=1, step_tokens=512))
 
 
 async def answer(engine: Engine, ids: list[int]) -> tuple[list[int], TokenEvent]:
@@ -47,7 +47,7 @@ async def test_a_prefix_survives_slot_reuse_and_a_restart(smollm2_path: Path, tm
     plain.add_model("smol", backend)
     from_scratch, _ = await answer(plain, question)
     second_from_scratch, _ = await answer(plain, second)  # (the document from the slot: exact reuse)
-    await plain.remove_model("smol", close_backend=False)
+    await plain.unload_model("smol", close_backend=False)
     backend.clear_slots([0])
 
     engine = Engine(config)
@@ -59,11 +59,11 @@ async def test_a_prefix_survives_slot_reuse_and_a_restart(smollm2_path: Path, tm
     assert last.num_cached_tokens == len(question) - 1  # all but the token that gives the logits
     disk = engine.stats()["smol"].scheduler.disk
     assert disk is not None and disk.num_hits == 1 and disk.bytes_written > 0
-    await engine.remove_model("smol")  # unload: what the slot holds is saved too
+    await engine.unload_model("smol")  # unload: what the slot holds is saved too
 
     restarted = Engine(config)
     restarted.add_model("smol", open_backend(smollm2_path))
     after_restart, last = await answer(restarted, second)
     assert after_restart == second_from_scratch  # restored past the last whole block, then trimmed to the shared part
     assert last.num_cached_tokens == shared and restarted.stats()["smol"].scheduler.disk.num_hits == 1  # type: ignore[union-attr]
-    await restarted.remove_model("smol")
+    await restarted.unload_model("smol")

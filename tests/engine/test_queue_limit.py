@@ -55,14 +55,14 @@ class HeldBackend(WrappedBackend):
 @pytest.fixture
 def one_context_for_two_slots(tiny_gguf_path: Path) -> Iterator[LlamaCppBackend]:
     """Two slots sharing 256 KV cells: two 150-token prompts never fit at once."""
-    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, parallel=2, kv_tokens=256))
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, num_slots=2, kv_size=256))
     yield backend
     backend.close()
 
 
 @pytest.fixture
 def one_slot(tiny_gguf_path: Path) -> Iterator[LlamaCppBackend]:
-    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, parallel=1))
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, num_slots=1))
     yield backend
     backend.close()
 
@@ -80,7 +80,7 @@ async def test_a_request_waiting_for_kv_room_counts_against_the_queue(
 ) -> None:
     held = HeldBackend(one_context_for_two_slots)
     capacity = held.capacity()
-    assert capacity.max_num_seqs == 2 and capacity.kv_tokens < 2 * len(PROMPT)
+    assert capacity.num_slots == 2 and capacity.kv_size < 2 * len(PROMPT)
     engine = Engine(EngineConfig(max_queue=1))
     engine.add_model("tiny", held)
     streams = []
@@ -98,7 +98,7 @@ async def test_a_request_waiting_for_kv_room_counts_against_the_queue(
         for stream in streams:
             stream.abort()
         held.let_every_step_run()
-        await engine.remove_model("tiny", close_backend=False)
+        await engine.unload_model("tiny", close_backend=False)
 
 
 async def test_requests_that_left_before_the_scheduler_saw_them_never_count(one_slot: LlamaCppBackend) -> None:
@@ -124,7 +124,7 @@ async def test_requests_that_left_before_the_scheduler_saw_them_never_count(one_
             assert await finish(engine.submit("tiny", request(f"next{i}", max_tokens=1))) is FinishReason.LENGTH
     finally:
         held.let_every_step_run()
-        await engine.remove_model("tiny", close_backend=False)
+        await engine.unload_model("tiny", close_backend=False)
 
 
 async def test_a_waiting_request_that_leaves_frees_its_place_at_once(one_slot: LlamaCppBackend) -> None:
@@ -155,7 +155,7 @@ async def test_a_waiting_request_that_leaves_frees_its_place_at_once(one_slot: L
         assert await finish(engine.submit("tiny", request("d", max_tokens=2))) is FinishReason.LENGTH
     finally:
         held.let_every_step_run()
-        await engine.remove_model("tiny", close_backend=False)
+        await engine.unload_model("tiny", close_backend=False)
 
 
 async def test_clients_that_leave_at_once_never_fill_an_idle_models_queue(one_slot: LlamaCppBackend) -> None:
@@ -172,4 +172,4 @@ async def test_clients_that_leave_at_once_never_fill_an_idle_models_queue(one_sl
             await asyncio.sleep(0.2)
             assert await finish(engine.submit("tiny", request(f"next{i}", max_tokens=1))) is FinishReason.LENGTH
     finally:
-        await engine.remove_model("tiny", close_backend=False)
+        await engine.unload_model("tiny", close_backend=False)

@@ -32,7 +32,7 @@ from .scripted import (
 
 
 def test_token_budget_is_respected_and_filled():
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=8))
+    driver = Driver(make_capacity(num_slots=4, step_tokens=8))
     for i, length in enumerate([5, 12, 20, 7, 30, 3]):
         driver.add(f"r{i}", prompt(100 * i, length), max_tokens=6)
     driver.run()
@@ -43,7 +43,7 @@ def test_token_budget_is_respected_and_filled():
 
 
 def test_running_decodes_come_first_and_prefill_fills_the_rest():
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=5))
+    driver = Driver(make_capacity(num_slots=4, step_tokens=5))
     driver.add("a", prompt(0, 4), max_tokens=40)
     driver.add("b", prompt(50, 1), max_tokens=40)
     driver.step()
@@ -58,7 +58,7 @@ def test_running_decodes_come_first_and_prefill_fills_the_rest():
 def test_a_prompt_being_chunked_never_stalls_running_decodes():
     # "urgent" outranks "a" and "b", yet its later prompt chunks must not take
     # the whole budget: no prefill-only steps while others are decoding.
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=4))
+    driver = Driver(make_capacity(num_slots=4, step_tokens=4))
     driver.add("a", prompt(0, 3), max_tokens=30)
     driver.add("b", prompt(50, 1), max_tokens=30)
     driver.step()
@@ -71,7 +71,7 @@ def test_a_prompt_being_chunked_never_stalls_running_decodes():
 
 
 def test_long_prompt_is_prefilled_in_contiguous_chunks_and_sampled_once():
-    driver = Driver(make_capacity(max_num_batched_tokens=8))
+    driver = Driver(make_capacity(step_tokens=8))
     driver.add("long", prompt(0, 30), max_tokens=3)
     chunks = [driver.chunk(driver.step(), "long") for _ in range(4)]
     assert [c.start_pos for c in chunks] == [0, 8, 16, 24]
@@ -83,7 +83,7 @@ def test_long_prompt_is_prefilled_in_contiguous_chunks_and_sampled_once():
 
 
 def test_max_num_seqs_caps_running_sequences():
-    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=64))
+    driver = Driver(make_capacity(num_slots=2, step_tokens=64))
     for i in range(5):
         driver.add(f"r{i}", prompt(10 * i, 4), max_tokens=3)
     num_running = []
@@ -99,7 +99,7 @@ def first_step(driver: Driver, request_id: str) -> int:
 
 
 def test_lower_priority_number_is_admitted_first():
-    driver = Driver(make_capacity(max_num_seqs=1))
+    driver = Driver(make_capacity(num_slots=1))
     for request_id, priority in [("batch", 2.0), ("default", 1.0), ("interactive", 0.0)]:
         driver.add(request_id, prompt(0, 4), priority=priority, max_tokens=3)
     driver.run()
@@ -118,7 +118,7 @@ GPU = linear_cost(0.020, 0.00001, 0.00001)
 
 def batch_driver(cost: StepCost, num_batch: int, max_tokens: int = 100, **config: float) -> Driver:
     """8 slots (one reserved), `num_batch` batch requests of 4-token prompts, running alone."""
-    capacity = make_capacity(max_num_seqs=8, max_num_batched_tokens=64, kv_tokens=8 * 512, n_ctx=512)
+    capacity = make_capacity(num_slots=8, step_tokens=64, kv_size=8 * 512, n_ctx=512)
     driver = Driver(capacity, config=SchedulerConfig(reserved_slots=1, **config), step_cost=cost)  # type: ignore[arg-type]
     for i in range(num_batch):
         driver.add(f"b{i}", prompt(100 * i, 4), priority=2.0, max_tokens=max_tokens)
@@ -258,7 +258,7 @@ def test_the_policy_snapshot_shows_what_it_did_and_the_model_against_the_measure
 
 def test_aged_batch_work_keeps_its_step_beside_an_interactive_prompt():
     config = SchedulerConfig(reserved_slots=1, aging_s=10.0)
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=64), config=config)
+    driver = Driver(make_capacity(num_slots=4, step_tokens=64), config=config)
     driver.add("old", prompt(0, 4), priority=2.0, max_tokens=60)
     for _ in range(25):  # 25 s: its deadline (t0 + 20 s) is now earlier than a new interactive one
         driver.step()
@@ -275,7 +275,7 @@ def test_default_reservation_is_an_eighth_of_the_slots_and_never_all():
 
 
 def test_an_interactive_prompt_is_not_queued_behind_a_batch_prompt_being_chunked():
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=8), config=SchedulerConfig(reserved_slots=1))
+    driver = Driver(make_capacity(num_slots=4, step_tokens=8), config=SchedulerConfig(reserved_slots=1))
     driver.add("batch", prompt(0, 40), priority=2.0, max_tokens=2)
     driver.step()  # the batch prompt's first chunk
     driver.add("chat", prompt(500, 6), priority=0.0, max_tokens=2)
@@ -297,7 +297,7 @@ OVERLOAD_SLOTS = 2
 def finish_time_under_overload(aging_s: float, duration_s: float) -> float | None:
     """One priority-0 arrival per step (2.5x what two slots serve) and one
     priority-2 request at t=3. When does the priority-2 one finish?"""
-    driver = Driver(make_capacity(max_num_seqs=OVERLOAD_SLOTS), config=SchedulerConfig(aging_s=aging_s))
+    driver = Driver(make_capacity(num_slots=OVERLOAD_SLOTS), config=SchedulerConfig(aging_s=aging_s))
     for i in range(int(duration_s)):
         driver.add(f"i{i}", prompt(1000 + 10 * i, 4), priority=0.0, max_tokens=INTERACTIVE_STEPS)
         if i == 3:
@@ -330,7 +330,7 @@ def test_without_aging_the_same_stream_starves_it():
 
 
 def test_higher_priority_preempts_and_the_preempted_one_resumes_unchanged():
-    driver = Driver(make_capacity(max_num_seqs=1))
+    driver = Driver(make_capacity(num_slots=1))
     driver.add("low", prompt(0, 6), priority=2.0, max_tokens=10)
     for _ in range(3):
         driver.step()
@@ -347,7 +347,7 @@ def test_higher_priority_preempts_and_the_preempted_one_resumes_unchanged():
 
 def test_no_ping_pong_when_the_preempted_request_has_waited_long():
     # "low" waits 60 s behind "high"; its age never lets it take the slot back.
-    driver = Driver(make_capacity(max_num_seqs=1), config=SchedulerConfig(aging_s=10.0))
+    driver = Driver(make_capacity(num_slots=1), config=SchedulerConfig(aging_s=10.0))
     driver.add("low", prompt(0, 4), priority=2.0, max_tokens=5)
     driver.step()
     driver.add("high", prompt(100, 4), priority=1.0, max_tokens=60)
@@ -359,7 +359,7 @@ def test_no_ping_pong_when_the_preempted_request_has_waited_long():
 
 
 def test_a_small_priority_lead_does_not_preempt():
-    driver = Driver(make_capacity(max_num_seqs=1), config=SchedulerConfig(aging_s=10.0, preempt_margin=0.5))
+    driver = Driver(make_capacity(num_slots=1), config=SchedulerConfig(aging_s=10.0, preempt_margin=0.5))
     driver.add("first", prompt(0, 4), priority=1.0, max_tokens=5)
     driver.step()
     driver.add("second", prompt(100, 4), priority=0.7, max_tokens=5)  # deadline 8 s vs 10 s: 0.2 levels
@@ -368,7 +368,7 @@ def test_a_small_priority_lead_does_not_preempt():
 
 
 def test_abort_frees_the_slot_for_the_next_schedule():
-    driver = Driver(make_capacity(max_num_seqs=1))
+    driver = Driver(make_capacity(num_slots=1))
     driver.add("a", prompt(0, 4), max_tokens=50)
     driver.add("b", prompt(100, 4), max_tokens=3)
     driver.step()
@@ -383,7 +383,7 @@ def test_the_queue_is_what_a_schedule_left_waiting():
     """The queue limit's counts: a new request waits for the next schedule()
     (it may find a free slot); one that a schedule() left waiting (no slot,
     preempted) is held until it runs or leaves."""
-    driver = Driver(make_capacity(max_num_seqs=1))
+    driver = Driver(make_capacity(num_slots=1))
     driver.add("a", prompt(0, 4), max_tokens=50)
     driver.add("b", prompt(100, 4), max_tokens=3)
     queue = driver.scheduler
@@ -408,7 +408,7 @@ SHARED = prompt(0, 40)
 
 
 def test_prefix_of_a_finished_request_is_reused():
-    driver = Driver(make_capacity(max_num_seqs=2))
+    driver = Driver(make_capacity(num_slots=2))
     driver.add("first", SHARED + [500, 501], max_tokens=3)
     driver.run()
     prefill_before = driver.scheduler.counters.num_prefill_tokens
@@ -424,7 +424,7 @@ def test_prefix_of_a_finished_request_is_reused():
 
 
 def test_prefix_of_a_running_request_is_copied():
-    driver = Driver(make_capacity(max_num_seqs=2))
+    driver = Driver(make_capacity(num_slots=2))
     driver.add("running", SHARED + [500], max_tokens=20)
     driver.step()
     driver.add("second", SHARED + [600, 601], max_tokens=3)
@@ -440,7 +440,7 @@ def test_prefix_of_a_running_request_is_copied():
 
 
 def test_preempted_request_resumes_from_the_prefix_left_in_its_slot():
-    driver = Driver(make_capacity(max_num_seqs=1))
+    driver = Driver(make_capacity(num_slots=1))
     driver.add("low", SHARED + [500], priority=2.0, max_tokens=6)
     driver.step()
     driver.add("high", SHARED + [600], priority=0.0, max_tokens=3)
@@ -455,7 +455,7 @@ def test_preempted_request_resumes_from_the_prefix_left_in_its_slot():
 
 
 def test_without_prefix_cache_nothing_is_reused():
-    driver = Driver(make_capacity(max_num_seqs=2), config=SchedulerConfig(enable_prefix_cache=False))
+    driver = Driver(make_capacity(num_slots=2), config=SchedulerConfig(enable_prefix_cache=False))
     driver.add("first", SHARED + [500], max_tokens=3)
     driver.run()
     driver.add("second", SHARED + [600], max_tokens=3)
@@ -489,7 +489,7 @@ def preemptions_of_prefilling(driver: Driver) -> dict[int, int]:
 
 def test_kv_exhaustion_preempts_and_never_truncates():
     # Four requests grow to 27 cells each; the cache holds 40.
-    driver = Driver(make_capacity(max_num_seqs=4, max_num_batched_tokens=16, kv_tokens=40, n_ctx=40))
+    driver = Driver(make_capacity(num_slots=4, step_tokens=16, kv_size=40, n_ctx=40))
     for i in range(4):
         driver.clock.advance(0.1)
         driver.add(f"r{i}", prompt(100 * i, 8), max_tokens=20)
@@ -503,7 +503,7 @@ def test_kv_exhaustion_preempts_and_never_truncates():
 
 def test_kv_exhaustion_with_simultaneous_arrivals_evicts_the_latest():
     # Equal deadlines: the tie is broken by arrival order, as everywhere else.
-    driver = Driver(make_capacity(max_num_seqs=2, max_num_batched_tokens=16, kv_tokens=24, n_ctx=24))
+    driver = Driver(make_capacity(num_slots=2, step_tokens=16, kv_size=24, n_ctx=24))
     driver.add("first", prompt(0, 6), max_tokens=14)
     driver.add("second", prompt(100, 6), max_tokens=14)
     driver.run()
@@ -569,7 +569,7 @@ def test_partial_stop_string_is_released_when_the_sequence_ends():
 
 
 def test_context_limit_ends_with_length():
-    capacity = make_capacity(n_ctx=16, kv_tokens=64)
+    capacity = make_capacity(n_ctx=16, kv_size=64)
     record = run_one(capacity=capacity, num_prompt_tokens=10, max_tokens=100)
     assert len(record.token_ids) == 6
     assert record.last.finish_reason is FinishReason.LENGTH
@@ -579,7 +579,7 @@ def test_context_limit_ends_with_length():
 
 
 def test_add_rejects_empty_prompt_long_prompt_and_duplicate_id():
-    driver = Driver(make_capacity(n_ctx=16, kv_tokens=64))
+    driver = Driver(make_capacity(n_ctx=16, kv_size=64))
     with pytest.raises(ValueError, match="empty"):
         driver.add("empty", [])
     with pytest.raises(ValueError, match="context"):

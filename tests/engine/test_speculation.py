@@ -43,7 +43,7 @@ def copying(source: list[int], *, diverge_every: int = 0):  # type: ignore[no-un
 
 
 def run(config: SchedulerConfig | None, prompts: dict[str, list[int]], next_token, **kwargs):  # type: ignore[no-untyped-def]
-    capacity = kwargs.pop("capacity", make_capacity(max_num_seqs=4, max_draft_tokens=16))
+    capacity = kwargs.pop("capacity", make_capacity(num_slots=4, max_draft_tokens=16))
     driver = Driver(
         capacity,
         config=config,
@@ -102,7 +102,7 @@ def test_a_long_copy_drafts_past_draft_max():
     (16 here), not `draft_max` (6), when a step's cost is mostly fixed."""
     source = prompt(10, 120)
     memory_bound = linear_cost(0.01, 0.0002, 0.0)
-    capacity = make_capacity(max_num_seqs=4, max_draft_tokens=16, n_ctx=512, kv_tokens=2048)
+    capacity = make_capacity(num_slots=4, max_draft_tokens=16, n_ctx=512, kv_size=2048)
     driver = run(SPEC, {"a": source}, copying(source), max_tokens=100, step_cost=memory_bound, capacity=capacity)
     drafts = [c.num_draft for b in driver.batches for c in b.chunks]
     assert max(drafts) == 16 and driver.backend.num_accepted == driver.backend.num_drafted
@@ -201,7 +201,7 @@ def test_drafts_never_pass_max_tokens_or_the_context():
     driver = run(SPEC, {"a": source}, copying(source), max_tokens=13)
     assert len(driver.records["a"].token_ids) == 13
     assert driver.records["a"].last.finish_reason == "length"
-    small = make_capacity(max_num_seqs=1, n_ctx=50, kv_tokens=50, max_draft_tokens=16)
+    small = make_capacity(num_slots=1, n_ctx=50, kv_size=50, max_draft_tokens=16)
     driver = run(SPEC, {"a": source}, copying(source), max_tokens=100, capacity=small)
     assert len(driver.records["a"].token_ids) == 10  # 40 + 10 = n_ctx
     assert driver.records["a"].last.finish_reason == "length"
@@ -220,7 +220,7 @@ def test_speculation_under_kv_pressure_and_preemption_keeps_every_answer():
     """Small KV: drafts take only free room, sequences are preempted and resumed;
     every answer equals its run without speculation."""
     source = prompt(10, 30)
-    capacity = make_capacity(max_num_seqs=3, kv_tokens=140, n_ctx=100, max_draft_tokens=16)
+    capacity = make_capacity(num_slots=3, kv_size=140, n_ctx=100, max_draft_tokens=16)
     prompts = {f"r{i}": source[i:] for i in range(5)}
     model = copying(source, diverge_every=4)
     plain = run(None, prompts, model, max_tokens=40, capacity=capacity)
@@ -266,7 +266,7 @@ def test_fixed_cost_steps_draft_and_follow_the_acceptance_rate():
 # ---- a draft model ---------------------------------------------------------------------------------
 
 DRAFT = SchedulerConfig(speculative="draft", draft_max=5)
-WITH_DRAFT_MODEL = make_capacity(max_num_seqs=4, max_draft_tokens=16, has_draft_model=True)
+WITH_DRAFT_MODEL = make_capacity(num_slots=4, max_draft_tokens=16, has_draft_model=True)
 
 
 def test_a_draft_model_that_is_the_model_has_every_draft_accepted():
@@ -288,7 +288,7 @@ def test_a_draft_model_that_is_often_wrong_changes_no_output():
         return token if len(history) % 3 else (token + 1) % 500
 
     prompts = {"a": prompt(10, 20), "b": prompt(40, 7)}
-    capacity = make_capacity(max_num_seqs=2, kv_tokens=120, n_ctx=100, max_draft_tokens=16, has_draft_model=True)
+    capacity = make_capacity(num_slots=2, kv_size=120, n_ctx=100, max_draft_tokens=16, has_draft_model=True)
     plain = run(None, prompts, hashed_next_token, max_tokens=60, capacity=capacity)
     spec = run(DRAFT, prompts, hashed_next_token, max_tokens=60, capacity=capacity, draft_token=noisy)
     for request_id in prompts:
@@ -315,7 +315,7 @@ def test_a_drafted_token_is_priced_as_a_decoding_token():
     drafting; priced as a decoding sequence's token (b + c, 8 ms, against
     66 ms for a step of eight) they are not."""
     source = prompt(10, 48)
-    capacity = make_capacity(max_num_seqs=8, max_draft_tokens=16)
+    capacity = make_capacity(num_slots=8, max_draft_tokens=16)
     prompts = {f"s{i}": source[i:] for i in range(8)}
     driver = run(
         SPEC,
@@ -389,7 +389,7 @@ def test_the_scheduler_stops_drafting_where_verifying_costs_more_than_the_model_
         return 0.030 + 0.002 * num_seqs + (0.020 if num_seqs >= 4 else 0.001) * (num_tokens - num_seqs)
 
     def go(num_seqs: int) -> tuple[Driver, int]:  # the driver, and how many decode steps drafted
-        capacity = make_capacity(max_num_seqs=4, max_draft_tokens=16, n_ctx=1024, kv_tokens=4096)
+        capacity = make_capacity(num_slots=4, max_draft_tokens=16, n_ctx=1024, kv_size=4096)
         driver = Driver(capacity, config=SPEC, next_token=copying(source, diverge_every=8), step_cost=cost)
         driver.scheduler.policy.model = _FooledModel()
         for i in range(num_seqs):

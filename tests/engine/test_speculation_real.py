@@ -30,7 +30,7 @@ COPYING = [
 
 @pytest.fixture(scope="module")
 def backend(smollm2_path: Path):
-    b = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512))
+    b = LlamaCppBackend(LlamaCppConfig(str(smollm2_path), n_ctx=1024, num_slots=4, step_tokens=512))
     yield b
     b.close()
 
@@ -44,7 +44,7 @@ def self_drafting(smollm2_path: Path):
     """SmolLM2 with itself as the draft model: no smaller model of its vocabulary ships on PyPI, and a
     model drafting for itself must see nearly every draft accepted at temperature 0 (a correctness test)."""
     b = LlamaCppBackend(
-        LlamaCppConfig(str(smollm2_path), n_ctx=1024, parallel=4, batch_tokens=512, draft_model_path=str(smollm2_path))
+        LlamaCppConfig(str(smollm2_path), n_ctx=1024, num_slots=4, step_tokens=512, draft_model_path=str(smollm2_path))
     )
     yield b
     b.close()
@@ -68,7 +68,7 @@ async def generate(
     try:
         return list(await asyncio.gather(*(one(ids) for ids in prompts)))
     finally:
-        await engine.remove_model("smol", close_backend=False)
+        await engine.unload_model("smol", close_backend=False)
         backend.release(range(64))  # the next engine numbers its sequences from 0 again: no stale sampler chain
 
 

@@ -95,7 +95,7 @@ def test_a_burst_is_not_a_rate_over_a_few_milliseconds() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_backend(tiny_gguf_path: Path):
-    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, parallel=1, batch_tokens=64))
+    backend = LlamaCppBackend(LlamaCppConfig(str(tiny_gguf_path), n_ctx=256, num_slots=1, step_tokens=64))
     yield backend
     backend.close()
 
@@ -119,7 +119,7 @@ async def test_the_step_thread_times_each_class(tiny_backend: LlamaCppBackend) -
         ends = await asyncio.gather(first, second)
         stats = engine.stats()["tiny"]
     finally:
-        await engine.remove_model("tiny", close_backend=False)
+        await engine.unload_model("tiny", close_backend=False)
     assert [e.num_output_tokens for e in ends] == [12, 12]
     interactive, batch = stats.rates.classes["interactive"], stats.rates.classes["batch"]
     assert interactive.num_requests == batch.num_requests == 1

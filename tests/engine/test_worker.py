@@ -89,7 +89,7 @@ async def test_concurrent_requests_share_steps_and_match_running_alone(engine: E
 
 
 async def test_admission_refuses_what_can_never_run_and_a_full_queue(engine: Engine) -> None:
-    backend = add(engine, FakeBackend(make_capacity(max_num_seqs=1, n_ctx=32)))
+    backend = add(engine, FakeBackend(make_capacity(num_slots=1, n_ctx=32)))
     with pytest.raises(ContextLengthError):
         engine.submit(MODEL, request("long", prompt(0, 32)))
     backend.pause()
@@ -108,7 +108,7 @@ async def test_admission_refuses_what_can_never_run_and_a_full_queue(engine: Eng
 
 
 async def test_leaving_a_stream_aborts_the_request_and_frees_its_slot(engine: Engine) -> None:
-    backend = add(engine, FakeBackend(make_capacity(max_num_seqs=1)))
+    backend = add(engine, FakeBackend(make_capacity(num_slots=1)))
     backend.pause(from_step=3)  # the client leaves while the third step runs
     stream = engine.submit(MODEL, request("gone", prompt(0, 4), max_tokens=100))
     received = 0
@@ -143,7 +143,7 @@ async def test_abort_by_id_ends_the_stream_with_abort(engine: Engine) -> None:
 
 
 async def test_an_interactive_request_overtakes_waiting_batch_work(engine: Engine) -> None:
-    backend = add(engine, FakeBackend(make_capacity(max_num_seqs=1)))
+    backend = add(engine, FakeBackend(make_capacity(num_slots=1)))
     backend.pause()
     first = asyncio.ensure_future(collect(engine, request("first", prompt(0, 4), max_tokens=3, priority=1.0)))
     await asyncio.to_thread(backend.wait_for_steps, 1)
@@ -162,7 +162,7 @@ async def test_an_interactive_request_overtakes_waiting_batch_work(engine: Engin
 
 
 async def test_a_higher_priority_request_preempts_and_the_other_resumes_unchanged(engine: Engine) -> None:
-    backend = add(engine, FakeBackend(make_capacity(max_num_seqs=1)))
+    backend = add(engine, FakeBackend(make_capacity(num_slots=1)))
     backend.pause(from_step=3)
     low = asyncio.ensure_future(collect(engine, request("low", prompt(0, 6), max_tokens=30, priority=2.0)))
     await asyncio.to_thread(backend.wait_for_steps, 3)  # "low" is decoding, held in its third step
@@ -200,7 +200,7 @@ async def test_a_failed_step_fails_its_requests_and_the_worker_goes_on(engine: E
 
 
 async def test_a_crashed_step_loop_fails_every_request_and_refuses_new_ones(engine: Engine) -> None:
-    backend = add(engine, FakeBackend(make_capacity(max_num_seqs=1)))
+    backend = add(engine, FakeBackend(make_capacity(num_slots=1)))
     backend.pause()
     running = asyncio.ensure_future(collect(engine, request("run", prompt(0, 4), max_tokens=10)))
     await asyncio.to_thread(backend.wait_for_steps, 1)
@@ -222,7 +222,7 @@ async def test_removing_a_model_ends_its_requests_and_closes_the_backend(engine:
     backend.pause()
     task = asyncio.ensure_future(collect(engine, request("a", prompt(0, 4), max_tokens=50)))
     await asyncio.to_thread(backend.wait_for_steps, 1)
-    removal = asyncio.ensure_future(engine.remove_model(MODEL))
+    removal = asyncio.ensure_future(engine.unload_model(MODEL))
     await asyncio.sleep(0.05)
     backend.resume()
     await removal

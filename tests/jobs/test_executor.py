@@ -20,7 +20,7 @@ class StubEngine:
         return model_id == "m"
 
     def capacity(self, model_id: str) -> Capacity:
-        return Capacity(max_num_seqs=8, max_num_batched_tokens=512, kv_tokens=4096, n_ctx=512)
+        return Capacity(num_slots=8, step_tokens=512, kv_size=4096, n_ctx=512)
 
     def stats(self) -> dict[str, Any]:
         return {"m": {"running": self.running, "waiting": self.waiting}}

@@ -202,7 +202,7 @@ async def test_validation_limits_come_from_the_config(store: JobStore) -> None:
 
 async def test_the_batch_model_is_held_while_its_lines_run(store: JobStore) -> None:
     """Every line runs inside the runner's hold on the batch's model (in the
-    server: a lease, so LRU and keep_alive cannot unload it between lines)."""
+    server: a hold, so LRU and keep_alive cannot unload it between lines)."""
     executor = FakeExecutor(concurrency=2, delay_s=0.005)
     events: list[str] = []
     held_during: list[bool] = []

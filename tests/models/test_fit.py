@@ -80,7 +80,7 @@ def test_kv_bytes_per_cell_is_what_llama_cpp_allocates(
     from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 
     caplog.set_level(logging.DEBUG, logger="localserve.backends.llamacpp.devices")  # llama.cpp's log
-    backend = LlamaCppBackend(LlamaCppConfig(str(smol_path), n_ctx=512, parallel=2, n_threads=1, device="cpu"))
+    backend = LlamaCppBackend(LlamaCppConfig(str(smol_path), n_ctx=512, num_slots=2, n_threads=1, device="cpu"))
     backend.close()
     sizes = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]
     assert sizes, "llama.cpp logged no KV buffer size"
@@ -155,40 +155,40 @@ BIG_RAM = Memory(ram_available=200 * GIB, ram_total=256 * GIB)
 
 
 def test_plenty_of_memory_keeps_the_asked_context_and_says_why_no_gpu() -> None:
-    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4))
-    assert (fit.n_ctx, fit.parallel, fit.n_gpu_layers, fit.kv_tokens) == (8192, 4, 0, 32768)
+    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, num_slots=4))
+    assert (fit.n_ctx, fit.num_slots, fit.n_gpu_layers, fit.kv_size) == (8192, 4, 0, 32768)
     assert fit.kv_bytes == 32768 * 10 * 1000 and fit.kv_bytes_gpu == 0
     assert any("auto: 0" in note and "no GPU" in note for note in fit.notes)
 
 
 def test_zero_asks_for_the_training_context_and_more_is_capped() -> None:
-    assert fit_model(shape(), BIG_RAM, FitRequest(ctx_size=0, parallel=1)).n_ctx == 32768
-    capped = fit_model(shape(n_ctx_train=4096), BIG_RAM, FitRequest(ctx_size=8192, parallel=1))
+    assert fit_model(shape(), BIG_RAM, FitRequest(ctx_size=0, num_slots=1)).n_ctx == 32768
+    capped = fit_model(shape(n_ctx_train=4096), BIG_RAM, FitRequest(ctx_size=8192, num_slots=1))
     assert capped.n_ctx == 4096 and any("training context" in n for n in capped.notes)
 
 
 def test_a_kv_size_below_ctx_times_parallel_is_one_shared_pool() -> None:
-    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4, kv_size=12288))
-    assert (fit.n_ctx, fit.kv_tokens, fit.shared_pool) == (8192, 12288, True)
+    fit = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, num_slots=4, kv_size=12288))
+    assert (fit.n_ctx, fit.kv_size, fit.shared_pool) == (8192, 12288, True)
     assert fit.kv_bytes == 12288 * 10 * 1000
-    at_least_a_slot = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, parallel=4, kv_size=1000))
-    assert (at_least_a_slot.n_ctx, at_least_a_slot.kv_tokens) == (8192, 8192)  # as llama.cpp gets it
-    streams = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=2048, parallel=4, kv_size=8192))
-    assert (streams.n_ctx, streams.kv_tokens, streams.shared_pool) == (2048, 8192, False)
+    at_least_a_slot = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=8192, num_slots=4, kv_size=1000))
+    assert (at_least_a_slot.n_ctx, at_least_a_slot.kv_size) == (8192, 8192)  # as llama.cpp gets it
+    streams = fit_model(shape(), BIG_RAM, FitRequest(ctx_size=2048, num_slots=4, kv_size=8192))
+    assert (streams.n_ctx, streams.kv_size, streams.shared_pool) == (2048, 8192, False)
 
 
 def test_little_ram_shrinks_a_shared_pool_before_the_context() -> None:
     model = shape()  # 10 kB per cell
     memory = Memory(ram_available=int(3.5 * GIB), ram_total=8 * GIB)  # about 1.2 GiB left for the KV cache
-    fit = fit_model(model, memory, FitRequest(ctx_size=32768, parallel=8, kv_size=200_000))
-    assert fit.shared_pool and fit.n_ctx == 32768 and 32768 <= fit.kv_tokens < 200_000
+    fit = fit_model(model, memory, FitRequest(ctx_size=32768, num_slots=8, kv_size=200_000))
+    assert fit.shared_pool and fit.n_ctx == 32768 and 32768 <= fit.kv_size < 200_000
     assert any("shared KV pool 200000 ->" in note for note in fit.notes)
 
 
 def test_little_ram_shortens_the_context_to_what_fits() -> None:
     model = shape()  # 10 layers x 1000 B per token: 10 kB per token
     memory = Memory(ram_available=4 * GIB, ram_total=8 * GIB)
-    fit = fit_model(model, memory, FitRequest(ctx_size=32768, parallel=8))
+    fit = fit_model(model, memory, FitRequest(ctx_size=32768, num_slots=8))
     assert MIN_CTX <= fit.n_ctx < 32768 and fit.n_ctx % 256 == 0
     headroom = 1 * GIB  # max(1 GiB, 10% of 8 GiB)
     budget = memory.ram_available - model.weight_bytes - headroom
@@ -200,26 +200,26 @@ def test_little_ram_shortens_the_context_to_what_fits() -> None:
 def test_no_room_for_even_a_short_context_is_a_clear_error() -> None:
     memory = Memory(ram_available=int(1.5 * GIB), ram_total=2 * GIB)
     with pytest.raises(InvalidRequestError, match="not enough memory for the KV cache"):
-        fit_model(shape(), memory, FitRequest(ctx_size=4096, parallel=64))
+        fit_model(shape(), memory, FitRequest(ctx_size=4096, num_slots=64))
 
 
 def test_auto_offloads_the_layers_that_fit_in_free_gpu_memory() -> None:
     model = shape(kv_per_layer=1000)
-    ctx, parallel = 4096, 2
-    per_layer = 100 * MIB + 1000 * ctx * parallel  # weights + this layer's share of the KV cache
+    ctx, num_slots = 4096, 2
+    per_layer = 100 * MIB + 1000 * ctx * num_slots  # weights + this layer's share of the KV cache
     reserve = 512 * MIB  # max(512 MiB, 5% of 8 GiB)
     memory = Memory(100 * GIB, 128 * GIB, gpu_free=reserve + 4 * per_layer + 150 * MIB, gpu_total=8 * GIB,
                     gpu_offload=True)  # fmt: skip
-    fit = fit_model(model, memory, FitRequest(ctx_size=ctx, parallel=parallel))
+    fit = fit_model(model, memory, FitRequest(ctx_size=ctx, num_slots=num_slots))
     assert fit.n_gpu_layers == 4 and fit.num_gpu_layers == 4
-    assert fit.kv_bytes_gpu == 4 * 1000 * ctx * parallel
+    assert fit.kv_bytes_gpu == 4 * 1000 * ctx * num_slots
     assert fit.weight_bytes_ram == model.weight_bytes - 4 * 100 * MIB
     assert any("4 of 10 layers" in note for note in fit.notes)
 
 
 def test_auto_offloads_everything_on_a_big_gpu() -> None:
     memory = Memory(100 * GIB, 128 * GIB, gpu_free=80 * GIB, gpu_total=80 * GIB, gpu_offload=True)
-    fit = fit_model(shape(), memory, FitRequest(ctx_size=4096, parallel=2))
+    fit = fit_model(shape(), memory, FitRequest(ctx_size=4096, num_slots=2))
     assert fit.n_gpu_layers == ALL_LAYERS and fit.num_gpu_layers == 10
     assert fit.kv_bytes_gpu == fit.kv_bytes and fit.weight_bytes_ram < 200 * MIB
 

@@ -140,18 +140,18 @@ def test_config_file_options_reach_llama_cpp(user_catalog: Path, tiny_gguf_path:
     spec = resolve(f"tiny={tiny_gguf_path}")
     loaded = load(ServerSettings(threads=1), spec)
     capacity = loaded.backend.capacity()
-    assert (capacity.n_ctx, capacity.max_num_seqs, capacity.kv_tokens) == (256, 3, 768)
+    assert (capacity.n_ctx, capacity.num_slots, capacity.kv_size) == (256, 3, 768)
     report = loaded.report
     assert report is not None and report.sources["ctx_size"] == "config" and report.sources["parallel"] == "config"
     assert report.kv_bytes == 768 * 2 * 2 * 32 * 2 and report.n_layers == 2
     assert report.n_gpu_layers == 0 and report.device == "CPU"
     flagged = load(ServerSettings(threads=1, parallel=2), spec)  # a flag beats the config file
-    assert flagged.backend.capacity().max_num_seqs == 2
+    assert flagged.backend.capacity().num_slots == 2
     requested = load(ServerSettings(threads=1, parallel=2), dataclasses.replace(spec, options=ModelOptions(parallel=5)))
-    assert requested.backend.capacity().max_num_seqs == 5  # the load request beats the flag
+    assert requested.backend.capacity().num_slots == 5  # the load request beats the flag
     pooled = load(ServerSettings(threads=1, ctx_size=256, parallel=4, kv_size=512), spec)
     capacity = pooled.backend.capacity()
-    assert (capacity.n_ctx, capacity.max_num_seqs, capacity.kv_tokens) == (256, 4, 512)  # one pool for 4 slots
+    assert (capacity.n_ctx, capacity.num_slots, capacity.kv_size) == (256, 4, 512)  # one pool for 4 slots
     assert pooled.report is not None and pooled.report.to_json()["kv_shared"] is True
 
 
@@ -176,14 +176,14 @@ def test_smollm2_context_auto_fits_the_memory_it_is_given(home: Path, monkeypatc
     monkeypatch.setattr(plan_module, "probe_memory", lambda: small)
     fitted = load(ServerSettings(threads=1, ctx_size=8192, parallel=8), spec)
     capacity = fitted.backend.capacity()
-    assert 256 <= capacity.n_ctx < 8192 and capacity.n_ctx % 256 == 0 and capacity.max_num_seqs == 8
+    assert 256 <= capacity.n_ctx < 8192 and capacity.n_ctx % 256 == 0 and capacity.num_slots == 8
     assert fitted.report is not None and fitted.report.ctx_per_slot == capacity.n_ctx
     assert any("must fit" in note for note in fitted.report.notes)
     assert fitted.report.kv_bytes < small.ram_available - 1 * GIB  # what the budget left after the headroom
 
 
 def test_concurrent_loads_of_one_model_share_one_load(tiny_gguf_path: Path) -> None:
-    """The start-up list, an on-demand request and a resumed batch's lease may
+    """The start-up list, an on-demand request and a resumed batch's hold may
     all ask for a model while it loads: one load, one engine entry."""
     spec = resolve(f"tiny={tiny_gguf_path}")
 
@@ -202,9 +202,9 @@ def test_concurrent_loads_of_one_model_share_one_load(tiny_gguf_path: Path) -> N
             loaded = await asyncio.gather(*(registry.load(spec) for _ in range(3)))
             assert opened == 1 and list(registry.engine.stats()) == ["tiny"]
             assert await registry.load(spec) is loaded[0]  # and later asks get the loaded one
-            lease = await registry.acquire("tiny")  # a request for it holds the same load
-            assert lease.record.model is loaded[0] and opened == 1
-            registry.release(lease)
+            hold = await registry.hold("tiny")  # a request for it holds the same load
+            assert hold.record.model is loaded[0] and opened == 1
+            registry.release(hold)
             return loaded  # type: ignore[return-value]
         finally:
             await registry.close()

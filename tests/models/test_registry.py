@@ -54,7 +54,7 @@ class FakeEngine:
     async def warmed_up(self, model_id: str) -> None:
         assert model_id in self.models
 
-    async def remove_model(self, model_id: str, *, close_backend: bool = True) -> None:
+    async def unload_model(self, model_id: str, *, close_backend: bool = True) -> None:
         self.models.remove(model_id)
         await asyncio.sleep(0)
 
@@ -115,9 +115,9 @@ class ScriptedRegistry(ModelRegistry):
         self._open(spec)
         return Echo(), OneShotQueueConfig()
 
-    async def uninstall(self, record: Any) -> None:
+    async def unload_record(self, record: Any) -> None:
         self.unloads.append(record.model_id)
-        await super().uninstall(record)
+        await super().unload_record(record)
 
     @property
     def engine_fake(self) -> FakeEngine:
@@ -138,16 +138,16 @@ def make(max_loaded: str = "chat=2", keep_alive: str = "", load_s: float = 0.02,
 
 
 async def use(registry: ModelRegistry, model_id: str, keep_alive: object = None) -> None:
-    registry.release(await registry.acquire(model_id, keep_alive=keep_alive))
+    registry.release(await registry.hold(model_id, keep_alive=keep_alive))
 
 
 async def test_concurrent_requests_share_one_load() -> None:
     registry = make(load_s=0.1)
-    leases = await asyncio.gather(*(registry.acquire("a") for _ in range(8)))
-    assert registry.loads == ["a"] and {lease.record.state for lease in leases} == {"loaded"}
+    holds = await asyncio.gather(*(registry.hold("a") for _ in range(8)))
+    assert registry.loads == ["a"] and {hold.record.state for hold in holds} == {"loaded"}
     assert registry.records["a"].num_users == 8 and "a" in registry.loaded
-    for lease in leases:
-        registry.release(lease)
+    for hold in holds:
+        registry.release(hold)
     assert registry.records["a"].num_users == 0
 
 
@@ -172,11 +172,11 @@ async def test_a_busy_model_drains_before_it_is_swapped_out() -> None:
     the one held and the engine's work finish), then swaps; a request for a
     that came meanwhile waits and loads it again. Nothing is ended."""
     registry = make("chat=1")
-    held = await registry.acquire("a")  # a request holds a
+    held = await registry.hold("a")  # a request holds a
     loading_b = asyncio.create_task(use(registry, "b"))
     await asyncio.sleep(0.1)
     assert registry.records["a"].state == "draining" and "a" in registry.loaded  # still answers what it holds
-    late_a = asyncio.create_task(registry.acquire("a"))
+    late_a = asyncio.create_task(registry.hold("a"))
     await asyncio.sleep(0.3)
     assert not loading_b.done() and not late_a.done() and registry.unloads == []
     registry.release(held)
@@ -194,14 +194,14 @@ async def test_a_drain_past_its_bound_ends_the_answers_and_swaps(monkeypatch: py
     """Answers longer than DRAIN_WAIT_S end with the swap's 503 and the swap proceeds."""
     monkeypatch.setattr(keeping_module, "DRAIN_WAIT_S", 0.3)
     registry = make("chat=1")
-    held = await registry.acquire("a")
+    held = await registry.hold("a")
     registry.engine_fake.in_flight["a"] = 2
     started = time.monotonic()
     await asyncio.wait_for(use(registry, "b"), 2)
     assert 0.3 <= time.monotonic() - started < 1.5
     assert registry.engine_fake.ended == [("a", 2, SWAPPED_OUT_MESSAGE)]
     assert registry.unloads == ["a"] and registry.loaded_ids() == {"b"}
-    registry.release(held)  # the lease of a gone model: changes nothing
+    registry.release(held)  # the hold of a gone model: changes nothing
     assert registry.loaded_ids() == {"b"} and "a" not in registry.records
     error = event_error(TokenEvent("r", (), "", finish_reason=FinishReason.ERROR, error=SWAPPED_OUT_MESSAGE))
     assert isinstance(error, EngineStoppedError) and error.status == 503
@@ -213,7 +213,7 @@ async def test_a_load_waits_a_bounded_time_for_models_still_loading(monkeypatch:
     loading_a = asyncio.create_task(use(registry, "a"))
     await asyncio.sleep(0.05)
     with pytest.raises(QueueFullError, match="still loading"):
-        await registry.acquire("b")
+        await registry.hold("b")
     await loading_a
     assert "b" not in registry.records and registry.loaded_ids() == {"a"}
 
@@ -244,10 +244,10 @@ async def test_keep_alive_zero_unloads_after_the_request() -> None:
     registry = make()
     registry.start()
     try:
-        lease = await registry.acquire("a", keep_alive=0)
+        hold = await registry.hold("a", keep_alive=0)
         await asyncio.sleep(0.2)
         assert "a" in registry.loaded  # held: never unloaded mid-request
-        registry.release(lease)
+        registry.release(hold)
         for _ in range(50):
             if "a" not in registry.loaded:
                 break
@@ -280,28 +280,28 @@ async def test_keep_alive_durations_and_defaults() -> None:
 async def test_errors_reach_every_waiter_and_leave_nothing_behind() -> None:
     registry = make(load_s=0.05)
     registry.fail.add("broken")
-    results = await asyncio.gather(*(registry.acquire("broken") for _ in range(3)), return_exceptions=True)
+    results = await asyncio.gather(*(registry.hold("broken") for _ in range(3)), return_exceptions=True)
     assert all(isinstance(r, ModelLoadingError) for r in results) and registry.loads == ["broken"]
     assert "broken" not in registry.records
     with pytest.raises(ModelNotFoundError):
-        await registry.acquire("unknown-model")
+        await registry.hold("unknown-model")
     with pytest.raises(InvalidRequestError, match="embeddings model"):
-        await registry.acquire("emb-x", kind="chat")
+        await registry.hold("emb-x", kind="chat")
     with pytest.raises(InvalidRequestError, match="invalid model id"):
-        await registry.acquire("../x")
+        await registry.hold("../x")
     with pytest.raises(InvalidRequestError, match="keep_alive"):
-        await registry.acquire("a", keep_alive="soon")
+        await registry.hold("a", keep_alive="soon")
     assert registry.loads == ["broken"]
 
 
 async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:
     registry = make(load_s=0.2)
-    first = asyncio.create_task(registry.acquire("a"))
+    first = asyncio.create_task(registry.hold("a"))
     await asyncio.sleep(0.05)
     first.cancel()
-    lease = await registry.acquire("a")
+    hold = await registry.hold("a")
     assert registry.loads == ["a"] and registry.records["a"].num_users == 1
-    registry.release(lease)
+    registry.release(hold)
 
 
 async def test_unload_get_and_describe() -> None:
@@ -328,23 +328,23 @@ async def test_unload_get_and_describe() -> None:
 async def test_load_options_go_to_the_load_and_other_options_need_an_unload() -> None:
     registry = make()
     wanted = ModelOptions(ctx_size=1024, parallel=2)
-    registry.release(await registry.acquire("a", options=wanted))
+    registry.release(await registry.hold("a", options=wanted))
     assert registry.records["a"].spec.options == wanted
-    registry.release(await registry.acquire("a"))  # plain requests use it as loaded
-    registry.release(await registry.acquire("a", options=ModelOptions(ctx_size=1024, parallel=2)))
+    registry.release(await registry.hold("a"))  # plain requests use it as loaded
+    registry.release(await registry.hold("a", options=ModelOptions(ctx_size=1024, parallel=2)))
     with pytest.raises(InvalidRequestError, match="unload it first") as exc:
-        await registry.acquire("a", options=ModelOptions(ctx_size=2048))
+        await registry.hold("a", options=ModelOptions(ctx_size=2048))
     assert exc.value.param == "options"
     await registry.unload("a")
-    registry.release(await registry.acquire("a"))  # loaded again on demand: its own options, not the request's
+    registry.release(await registry.hold("a"))  # loaded again on demand: its own options, not the request's
     assert registry.records["a"].spec.options == ModelOptions() and registry.loads == ["a", "a"]
 
 
-async def test_a_held_lease_outlives_keep_alive_zero_and_lru() -> None:
+async def test_a_hold_outlives_keep_alive_zero_and_lru() -> None:
     """What the batch runner relies on: while it holds a model, neither the
     reaper nor a load that needs room unloads it."""
     registry = make("chat=1", keep_alive="0")
-    held = await registry.acquire("a")
+    held = await registry.hold("a")
     await use(registry, "a", keep_alive=0)  # a line of the batch, asking to unload right after it
     assert await registry.keeper.reap() > 0 and registry.unloads == []
     other = asyncio.create_task(use(registry, "b"))
@@ -393,8 +393,8 @@ async def test_names_served_under_another_id_resolve_once() -> None:
         return ModelSpec(f"{name}:latest" if ":" not in name else name, Path("/models/x.gguf"))
 
     registry = ScriptedRegistry(ServerSettings(), 0.0, find)
-    first = await registry.acquire("llama3.2")
-    second = await registry.acquire("llama3.2")
+    first = await registry.hold("llama3.2")
+    second = await registry.hold("llama3.2")
     assert first.model_id == second.model_id == "llama3.2:latest" and first.record is second.record
     assert lookups == ["llama3.2"] and registry.loads == ["llama3.2:latest"]
     registry.release(first)

@@ -202,7 +202,7 @@ class ServerCollector(Collector):
         running = GaugeMetricFamily("localserve_running_sequences", "Sequences holding a KV slot", labels=m)
         in_flight = GaugeMetricFamily("localserve_requests_in_flight", "Requests submitted and not finished", labels=m)
         kv_used = GaugeMetricFamily("localserve_kv_cache_used_tokens", "KV cache cells in use", labels=m)
-        kv_total = GaugeMetricFamily("localserve_kv_cache_capacity_tokens", "KV cache cells in all", labels=m)
+        kv_size = GaugeMetricFamily("localserve_kv_cache_capacity_tokens", "KV cache cells in all", labels=m)
         batch = GaugeMetricFamily("localserve_last_batch_size", "Sequences in the last engine step", labels=m)
         threads = GaugeMetricFamily("localserve_threads", "CPU threads the model's steps compute on", labels=m)
         busy_elsewhere = GaugeMetricFamily(
@@ -229,12 +229,12 @@ class ServerCollector(Collector):
             running.add_metric([model_id], 0 if idle else sum(sched.running_by_class.values()))
             in_flight.add_metric([model_id], s.in_flight)
             kv_used.add_metric([model_id], sched.kv_used)
-            kv_total.add_metric([model_id], s.kv_total)
+            kv_size.add_metric([model_id], s.kv_size)
             batch.add_metric([model_id], (s.recent_batch_sizes or (0,))[-1])
             threads.add_metric([model_id], s.threads.threads)
             busy_elsewhere.add_metric([model_id], s.threads.busy_elsewhere)
         yield from (prompt, generated, cached, preempted, drafted, accepted, queue, running, in_flight, kv_used)
-        yield from (kv_total, batch, threads, busy_elsewhere, *disk.values())
+        yield from (kv_size, batch, threads, busy_elsewhere, *disk.values())
 
     def _latencies(self, histograms: Mapping[str, Mapping[str, Mapping[str, Histogram]]]) -> Iterator[Metric]:
         families = {

@@ -121,16 +121,16 @@ async def load_model(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadRequest)
     registry = request.app[REGISTRY]
     registry.check_ready(body.model)
-    lease = await registry.acquire(body.model, keep_alive=body.keep_alive, options=body.options)
-    registry.release(lease)
-    record = lease.record
+    hold = await registry.hold(body.model, keep_alive=body.keep_alive, options=body.options)
+    registry.release(hold)
+    record = hold.record
     return web.json_response(
         {
             "object": "model.loaded",
             "model": body.model,
             "kind": record.kind,
             "keep_alive": format_keep_alive(record.keep_alive_s),
-            "options": registry.load_report(lease.model_id),
+            "options": registry.load_report(hold.model_id),
         }
     )
 

@@ -104,5 +104,5 @@ async def delete_files(app: web.Application, model_id: str) -> int:
     if served_as in registry.records and found is not None and found.source == "huggingface":
         await registry.unload(served_as)
     freed = await asyncio.to_thread(remove, model_id)
-    registry.forget(served_as)
+    registry.forget_files(served_as)
     return freed

@@ -112,7 +112,7 @@ async def props(request: web.Request) -> web.Response:
                 "is_processing": False,
                 "params": _default_params(settings.n_predict, settings.temp, settings.seed),
             },
-            "total_slots": capacity.max_num_seqs,
+            "total_slots": capacity.num_slots,
             "model_alias": model_id,
             "model_path": str(registry.get(model_id).spec.path),
             "chat_template": tokenizer.chat_template or "",
@@ -156,7 +156,7 @@ async def slots(request: web.Request) -> web.Response:
     busy = engine.num_in_flight(model_id)
     entries = [
         {"id": slot, "n_ctx": capacity.n_ctx, "is_processing": slot < busy, "id_task": -1}
-        for slot in range(capacity.max_num_seqs)
+        for slot in range(capacity.num_slots)
     ]
     return web.json_response(entries)
 

@@ -16,7 +16,7 @@ once complete. /api/generate takes `system`, `raw`, `context` and `suffix`
 (fill-in-the-middle with the model's FIM tokens); `template` is ignored
 (Ollama's Go templates do not apply: the model's own Jinja template is used).
 A model not loaded is loaded on demand; `keep_alive` sets how long it stays
-loaded once idle (`api.leases`). An empty prompt or message list only loads
+loaded once idle (`api.holds`). An empty prompt or message list only loads
 the model (`done_reason: "load"`, or `"unload"` with `keep_alive: 0`), as
 Ollama does.
 """

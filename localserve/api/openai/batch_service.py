@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from localserve.api.holds import holding
 from localserve.api.hosting import app_models
-from localserve.api.leases import model_lease
 from localserve.api.state import SETTINGS
 from localserve.disk import is_storage_error, storage_error
 from localserve.errors import LocalServeError
@@ -57,7 +57,7 @@ class BatchService:
                         raise
                     raise storage_error(exc, self.root, "opening the batch job store") from None
                 executor = ServingLineExecutor(app_models(self.app), self.app[SETTINGS].batch_concurrency)
-                hold = functools.partial(model_lease, self.app)  # the batch's model stays loaded while it runs
+                hold = functools.partial(holding, self.app)  # the batch's model stays loaded while it runs
                 runner = BatchRunner(store, executor, self.runner_config(), hold_model=hold)
                 await runner.start()
                 self.store, self.runner = store, runner

@@ -1,6 +1,6 @@
 """The llama.cpp backend, on llama-cpp-python's low-level API.
 
-One `llama_context` holds `parallel` sequences, each slot in its own KV
+One `llama_context` holds `num_slots` sequences, each slot in its own KV
 stream (or all in one shared pool when the KV budget is smaller, see
 `_open_context`). Every step is a single `llama_decode` over a `llama_batch`
 that mixes the decode tokens of running sequences with prompt chunks of new
@@ -62,10 +62,10 @@ class LlamaCppConfig:
 
     model_path: str
     n_ctx: int = 4096  # the longest sequence (prompt + output) one slot holds
-    parallel: int = 8  # sequences decoded together (KV slots)
-    kv_tokens: int = 0  # KV cells in all; 0: n_ctx*parallel; fewer: the slots share one pool
-    kv_unified: bool = False  # one KV pool even when n_ctx*parallel cells fit (see _open_context)
-    batch_tokens: int = 512  # token budget of one step
+    num_slots: int = 8  # sequences decoded together (KV slots)
+    kv_size: int = 0  # KV cells in all; 0: n_ctx*num_slots; fewer: the slots share one pool
+    kv_unified: bool = False  # one KV pool even when n_ctx*num_slots cells fit (see _open_context)
+    step_tokens: int = 512  # token budget of one step
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, cuda, vulkan, ...
     n_gpu_layers: int = -1  # on a GPU: layers to offload, -1 all
@@ -117,21 +117,21 @@ class LlamaCppBackend(GenerativeBackend):
         of every sequence (masked), so attention grows with the sum of all context
         lengths: measured on SmolLM2 at 8 and 16 sequences, split streams decode
         about 1.3x faster. But a stream is fixed at n_ctx cells, so when the KV
-        budget (`kv_tokens`) is smaller than n_ctx * parallel, the slots share one
+        budget (`kv_size`) is smaller than n_ctx * num_slots, the slots share one
         pool instead: every slot can still reach n_ctx tokens, just not all at
         once (the scheduler accounts for the pool).
         """
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         n_ctx = min(config.n_ctx, n_ctx_train) if n_ctx_train > 0 else config.n_ctx
-        parallel = max(1, config.parallel)
-        unified = config.kv_unified or parallel == 1 or 0 < config.kv_tokens < n_ctx * parallel
-        kv_tokens = max(config.kv_tokens, n_ctx) if unified and config.kv_tokens else n_ctx * parallel
+        num_slots = max(1, config.num_slots)
+        unified = config.kv_unified or num_slots == 1 or 0 < config.kv_size < n_ctx * num_slots
+        kv_size = max(config.kv_size, n_ctx) if unified and config.kv_size else n_ctx * num_slots
         threads = self._threads = config.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = kv_tokens
-        params.n_batch = config.batch_tokens
-        params.n_ubatch = min(config.batch_tokens, 512)
-        params.n_seq_max = parallel
+        params.n_ctx = kv_size
+        params.n_batch = config.step_tokens
+        params.n_ubatch = min(config.step_tokens, 512)
+        params.n_seq_max = num_slots
         params.kv_unified = unified
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -145,17 +145,17 @@ class LlamaCppBackend(GenerativeBackend):
             if config.cache_type_v not in ("f32", "f16", "bf16"):
                 hint += f"; a quantized V cache ({config.cache_type_v}) needs flash attention (--flash-attn on)"
             raise LocalServeError(
-                f"llama.cpp could not create a context of {kv_tokens} KV tokens x {parallel} sequences; {hint}"
+                f"llama.cpp could not create a context of {kv_size} KV tokens x {num_slots} sequences; {hint}"
             )
         self._mem = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(config.step_tokens, 0, 1)
         self._split_kv = not params.kv_unified
         kv_actual = int(llama_cpp.llama_n_ctx(ctx))
         per_slot = int(llama_cpp.llama_n_ctx_seq(ctx)) if self._split_kv else kv_actual
         self._capacity = Capacity(
-            max_num_seqs=parallel,
-            max_num_batched_tokens=config.batch_tokens,
-            kv_tokens=per_slot * parallel if self._split_kv else kv_actual,
+            num_slots=num_slots,
+            step_tokens=config.step_tokens,
+            kv_size=per_slot * num_slots if self._split_kv else kv_actual,
             n_ctx=min(n_ctx, per_slot),
             max_draft_tokens=MAX_DRAFT_TOKENS,
         )
@@ -167,10 +167,10 @@ class LlamaCppBackend(GenerativeBackend):
         draft = DraftModel(
             Path(config.draft_model_path),
             target=self._tokenizer,
-            kv_tokens=int(llama_cpp.llama_n_ctx(ctx)),
-            parallel=self._capacity.max_num_seqs,
+            kv_size=int(llama_cpp.llama_n_ctx(ctx)),
+            num_slots=self._capacity.num_slots,
             unified=not self._split_kv,
-            batch_tokens=config.batch_tokens,
+            step_tokens=config.step_tokens,
             threads=self._threads,
             device=config.device,
             n_gpu_layers=config.n_gpu_layers,

@@ -51,10 +51,10 @@ class DraftModel:
         path: Path,
         *,
         target: LlamaTokenizer,
-        kv_tokens: int,
-        parallel: int,
+        kv_size: int,
+        num_slots: int,
         unified: bool,
-        batch_tokens: int,
+        step_tokens: int,
         threads: int,
         device: str,
         n_gpu_layers: int,
@@ -68,21 +68,21 @@ class DraftModel:
             self._tokenizer = LlamaTokenizer(model)
             check_compatible(self._tokenizer, target, path)
             params = llama_cpp.llama_context_default_params()
-            params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens, parallel, unified
-            params.n_batch = batch_tokens
-            params.n_ubatch = min(batch_tokens, 512)
+            params.n_ctx, params.n_seq_max, params.kv_unified = kv_size, num_slots, unified
+            params.n_batch = step_tokens
+            params.n_ubatch = min(step_tokens, 512)
             params.n_threads = params.n_threads_batch = threads
             params.no_perf = True
             self._ctx = llama_cpp.llama_init_from_model(model, params)
             if not self._ctx:
                 raise LocalServeError(f"llama.cpp could not create a context for the draft model {path}")
-            self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
+            self._batch = llama_cpp.llama_batch_init(step_tokens, 0, 1)
         except BaseException:
             self.close()
             raise
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = self._tokenizer.vocab_size
-        self._batch_tokens = batch_tokens
+        self._step_tokens = step_tokens
         self._tokens: dict[int, list[int]] = {}  # slot -> the tokens in this context's KV
         self._target: dict[int, list[int]] = {}  # slot -> the tokens in the target's KV
 
@@ -178,8 +178,8 @@ class DraftModel:
         next token of each slot, read right after the decode of its last token."""
         nexts: dict[int, int] = {}
         items = [(slot, pos + i, tok, i == len(toks) - 1) for slot, pos, toks in feeds for i, tok in enumerate(toks)]
-        for start in range(0, len(items), self._batch_tokens):
-            part = items[start : start + self._batch_tokens]
+        for start in range(0, len(items), self._step_tokens):
+            part = items[start : start + self._step_tokens]
             for k, (slot, pos, tok, is_last) in enumerate(part):
                 b.token[k] = tok
                 b.pos[k] = pos  # type: ignore[call-overload]  # a llama_pos*; llama_cpp's stubs say otherwise

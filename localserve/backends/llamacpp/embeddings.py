@@ -44,7 +44,7 @@ class LlamaEmbeddingConfig:
     """How to load an embedding GGUF. Zero means "choose for me"."""
 
     model_path: str
-    batch_tokens: int = 512  # tokens of one llama_decode (also the longest input); attention over them is quadratic
+    decode_tokens: int = 512  # tokens of one llama_decode (also the longest input); attention over them is quadratic
     max_seqs: int = 64  # sequences of one llama_decode
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, cuda, ...
@@ -91,15 +91,15 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         # n_ubatch is a multiple of n_seq_max (it reserves n_ubatch / n_seq_max
         # tokens per sequence); non-causal models also need each sequence
         # whole in one micro-batch, so n_ubatch = n_batch.
-        self.max_seqs = max(1, min(cfg.max_seqs, 256, cfg.batch_tokens))
-        self.batch_tokens = -(-max(1, cfg.batch_tokens) // self.max_seqs) * self.max_seqs
+        self.max_seqs = max(1, min(cfg.max_seqs, 256, cfg.decode_tokens))
+        self.decode_tokens = -(-max(1, cfg.decode_tokens) // self.max_seqs) * self.max_seqs
         threads = self._threads = cfg.n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.pooling_type = POOLING[cfg.pooling]
-        params.n_ctx = self.batch_tokens
-        params.n_batch = self.batch_tokens
-        params.n_ubatch = self.batch_tokens
+        params.n_ctx = self.decode_tokens
+        params.n_batch = self.decode_tokens
+        params.n_ubatch = self.decode_tokens
         params.n_seq_max = self.max_seqs
         params.kv_unified = True
         params.n_threads = threads
@@ -107,7 +107,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         params.no_perf = True
         ctx = self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
-            raise LocalServeError(f"llama.cpp could not create an embeddings context of {self.batch_tokens} tokens")
+            raise LocalServeError(f"llama.cpp could not create an embeddings context of {self.decode_tokens} tokens")
         pooling = llama_cpp.llama_pooling_type(ctx)
         if pooling not in _POOLING_NAMES:
             raise InvalidRequestError(
@@ -121,8 +121,8 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         self._encoder_only = bool(llama_cpp.llama_model_has_encoder(model)) and not bool(
             llama_cpp.llama_model_has_decoder(model)
         )
-        self._batch = llama_cpp.llama_batch_init(self.batch_tokens, 0, 1)
-        limit = min(self.batch_tokens, self.n_ctx_train) if self.n_ctx_train > 0 else self.batch_tokens
+        self._batch = llama_cpp.llama_batch_init(self.decode_tokens, 0, 1)
+        limit = min(self.decode_tokens, self.n_ctx_train) if self.n_ctx_train > 0 else self.decode_tokens
         self.max_input_tokens = int(limit)
 
     # ---- what the API needs ----------------------------------------------------
@@ -181,7 +181,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         while start < len(items):
             end, num_tokens = start, 0
             while (
-                end < len(items) and end - start < self.max_seqs and num_tokens + len(items[end]) <= self.batch_tokens
+                end < len(items) and end - start < self.max_seqs and num_tokens + len(items[end]) <= self.decode_tokens
             ):
                 num_tokens += len(items[end])
                 end += 1

@@ -32,9 +32,9 @@ class OnnxConfig:
 
     model_path: str  # the folder, or its model.onnx
     n_ctx: int = 4096
-    parallel: int = 8
-    kv_tokens: int = 0  # 0: parallel * n_ctx, memory permitting
-    batch_tokens: int = 512
+    num_slots: int = 8
+    kv_size: int = 0  # 0: num_slots * n_ctx, memory permitting
+    step_tokens: int = 512
     n_threads: int = 0  # 0: onnxruntime's default (all cores)
     device: str = "auto"  # a device name (backends/device_names.py); providers.py maps it
 
@@ -78,9 +78,9 @@ class OnnxBackend(KvDecoderBackend):
             io,
             self._model_config,
             n_ctx=config.n_ctx,
-            parallel=config.parallel,
-            kv_tokens=config.kv_tokens,
-            batch_tokens=config.batch_tokens,
+            num_slots=config.num_slots,
+            kv_size=config.kv_size,
+            step_tokens=config.step_tokens,
         )
         super().__init__(io, HFTokenizer(folder), capacity)
 

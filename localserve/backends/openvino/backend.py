@@ -52,9 +52,9 @@ class OpenVinoConfig:
 
     model_path: str  # the folder, or its openvino_model.xml
     n_ctx: int = 4096
-    parallel: int = 8
-    kv_tokens: int = 0  # 0: parallel * n_ctx, memory permitting
-    batch_tokens: int = 512
+    num_slots: int = 8
+    kv_size: int = 0  # 0: num_slots * n_ctx, memory permitting
+    step_tokens: int = 512
     n_threads: int = 0  # 0: OpenVINO's default
     device: str = "auto"  # a device name (backends/device_names.py): auto (NPU > GPU > CPU), cpu, gpu, gpu:N, npu
     precision: str = ""  # INFERENCE_PRECISION_HINT: "" (device default), f32, f16, bf16
@@ -118,9 +118,9 @@ class OpenVinoBackend(KvDecoderBackend):
             io,
             self._model_config,
             n_ctx=config.n_ctx,
-            parallel=config.parallel,
-            kv_tokens=config.kv_tokens,
-            batch_tokens=config.batch_tokens,
+            num_slots=config.num_slots,
+            kv_size=config.kv_size,
+            step_tokens=config.step_tokens,
         )
         self.static: StaticShapes | None = None
         # Call shape -> the graph compiled for it (None: dynamic shapes).
@@ -128,8 +128,8 @@ class OpenVinoBackend(KvDecoderBackend):
         if needs_static_shapes(self._device, config.static_shapes):
             self.static = plan_static_shapes(
                 n_ctx=capacity.n_ctx,
-                parallel=capacity.max_num_seqs,
-                batch_tokens=config.batch_tokens,
+                num_slots=capacity.num_slots,
+                step_tokens=config.step_tokens,
                 bytes_per_token=io.bytes_per_token,
                 device=self._device,
             )

@@ -4,13 +4,13 @@ A decoder with dynamic shapes becomes two compiled graphs, fixed from the
 server settings at load time:
 
 * prefill: 1 row of `prompt_tokens` new tokens (`--batch-tokens`, at most
-  `--ctx-size`) over `kv_tokens` past positions; a longer prompt chunk runs
+  `--ctx-size`) over `past_tokens` past positions; a longer prompt chunk runs
   as several such calls, the last one padded;
 * decode: `decode_rows` rows (`--parallel`) of one new token each over the
-  same `kv_tokens` past positions (`--ctx-size`); unused rows are padding.
+  same `past_tokens` past positions (`--ctx-size`); unused rows are padding.
 
-Every call pads the past KV to `kv_tokens` (the attention mask hides the
-padding), so one decode step moves `decode_rows * kv_tokens` cached tokens
+Every call pads the past KV to `past_tokens` (the attention mask hides the
+padding), so one decode step moves `decode_rows * past_tokens` cached tokens
 whatever the sequences hold. A plan whose decode KV input would exceed
 `NPU_MAX_KV_BYTES` is refused at load with the settings that fit.
 """
@@ -32,17 +32,17 @@ NPU_MAX_KV_BYTES = 1 << 30
 class StaticShapes:
     """The two fixed graphs a static-shape device runs."""
 
-    kv_tokens: int  # past positions per row (= the context length)
+    past_tokens: int  # past positions per row (= the context length)
     prompt_tokens: int  # new tokens per prefill call (one row)
     decode_rows: int  # rows per decode call (= KV slots)
 
     @property
     def prefill(self) -> CallShape:
-        return CallShape(1, self.prompt_tokens, self.kv_tokens)
+        return CallShape(1, self.prompt_tokens, self.past_tokens)
 
     @property
     def decode(self) -> CallShape:
-        return CallShape(self.decode_rows, 1, self.kv_tokens)
+        return CallShape(self.decode_rows, 1, self.past_tokens)
 
 
 def needs_static_shapes(device: str, forced: bool | None = None) -> bool:
@@ -51,11 +51,11 @@ def needs_static_shapes(device: str, forced: bool | None = None) -> bool:
 
 
 def plan_static_shapes(
-    *, n_ctx: int, parallel: int, batch_tokens: int, bytes_per_token: int, device: str = "NPU"
+    *, n_ctx: int, num_slots: int, step_tokens: int, bytes_per_token: int, device: str = "NPU"
 ) -> StaticShapes:
     """The static shapes for these settings, or a LocalServeError that names
     exactly which settings to lower and to what."""
-    rows, prompt_tokens = max(1, parallel), max(1, min(batch_tokens, n_ctx))
+    rows, prompt_tokens = max(1, num_slots), max(1, min(step_tokens, n_ctx))
     kv_bytes = rows * n_ctx * bytes_per_token
     if kv_bytes > NPU_MAX_KV_BYTES:
         fit_ctx = NPU_MAX_KV_BYTES // (rows * bytes_per_token) // 256 * 256
@@ -69,7 +69,7 @@ def plan_static_shapes(
             f"{NPU_MAX_KV_BYTES / 2**30:.0f} GiB limit). Set {' or '.join(options) or 'a smaller --ctx-size'}; "
             "--batch-tokens sets the prompt tokens per prefill call."
         )
-    return StaticShapes(kv_tokens=n_ctx, prompt_tokens=prompt_tokens, decode_rows=rows)
+    return StaticShapes(past_tokens=n_ctx, prompt_tokens=prompt_tokens, decode_rows=rows)
 
 
 def static_calls(chunks: Sequence[SeqChunk], shapes: StaticShapes) -> list[tuple[list[SeqChunk], CallShape]]:

@@ -105,11 +105,11 @@ class StepGate:
         return a + b * num_tokens + c * num_seqs
 
 
-def reserved_slots(config: SchedulerConfig, max_num_seqs: int) -> int:
+def reserved_slots(config: SchedulerConfig, num_slots: int) -> int:
     """Slots that are other work's first claim (batch work holds them only while it runs alone)."""
     if config.reserved_slots is not None:
-        return max(0, min(config.reserved_slots, max_num_seqs - 1))
-    return max_num_seqs // 8
+        return max(0, min(config.reserved_slots, num_slots - 1))
+    return num_slots // 8
 
 
 class BatchPolicy:

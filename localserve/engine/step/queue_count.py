@@ -35,12 +35,12 @@ class QueueCount:
     """Messages are counted as sent on the event loop and as taken in on the
     step thread; each counter has one writer, and the view is one object."""
 
-    def __init__(self, max_num_seqs: int) -> None:
+    def __init__(self, num_slots: int) -> None:
         self._num_adds_sent = 0  # event loop
         self._num_aborts_sent = 0
         self._num_adds_taken = 0  # step thread
         self._num_aborts_taken = 0
-        self._view = QueueView(num_free_slots=max_num_seqs)
+        self._view = QueueView(num_free_slots=num_slots)
 
     # ---- the event loop -----------------------------------------------------
 
@@ -72,5 +72,5 @@ class QueueCount:
             num_aborts_taken=self._num_aborts_taken,
             num_held=scheduler.num_held,
             num_new=scheduler.num_new,
-            num_free_slots=scheduler.capacity.max_num_seqs - scheduler.num_running,
+            num_free_slots=scheduler.capacity.num_slots - scheduler.num_running,
         )

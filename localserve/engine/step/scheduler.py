@@ -48,8 +48,8 @@ class Scheduler:
         disk: DiskPrefixStore | None = None,
         output: OutputProcessor | None = None,
     ) -> None:
-        if capacity.kv_tokens < capacity.n_ctx:
-            raise ValueError("kv_tokens must hold at least one full context (n_ctx)")
+        if capacity.kv_size < capacity.n_ctx:
+            raise ValueError("kv_size must hold at least one full context (n_ctx)")
         self.capacity = capacity
         self.config = config or SchedulerConfig()
         self.counters = SchedulerCounters()
@@ -57,12 +57,12 @@ class Scheduler:
         # end-of-generation tokens or byte pieces by default (tests)
         self.output = output or OutputProcessor(eog_token_ids=(), token_bytes=_no_bytes, n_ctx=capacity.n_ctx)
         self._clock = clock
-        self._slots = SlotTable(capacity.max_num_seqs, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
+        self._slots = SlotTable(capacity.num_slots, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
         self.disk = self._slots.disk
         self._restores = DiskRestores(self._slots)
         self._seqs = SequenceTable()
         self._step_ids = itertools.count()
-        self._max_batch_seqs = capacity.max_num_seqs - reserved_slots(self.config, capacity.max_num_seqs)
+        self._max_batch_seqs = capacity.num_slots - reserved_slots(self.config, capacity.num_slots)
         self.policy = BatchPolicy(self.config)
         self._now = clock()  # the time of the last add() or update(): schedule() reads no clock
         self._limit_after = math.inf  # batch work with a later deadline is limited in this step
@@ -136,7 +136,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Choose the next step's KV edits and token chunks."""
-        plan = StepDraft(self.capacity.max_num_batched_tokens, self.kv_used())
+        plan = StepDraft(self.capacity.step_tokens, self.kv_used())
         others = [s for s in itertools.chain(self._seqs.running, self._seqs.waiting) if not self._is_batch(s)]
         alone = self.policy.update_mode(bool(others), self._now)
         # Batch work that aging has put ahead of every other request is not limited.
@@ -343,7 +343,7 @@ class Scheduler:
         num_reused = self._restores.restore(seq, slot, num_reused, plan, lambda: self.policy.model.coefficients[1])
         num_new = min(seq.num_tokens - num_reused, plan.budget)
         if not self._is_batch(seq) and seq.num_preemptions == 0:
-            self.policy.note_prompt(min(seq.num_tokens - num_reused, self.capacity.max_num_batched_tokens))
+            self.policy.note_prompt(min(seq.num_tokens - num_reused, self.capacity.step_tokens))
         # Room for all its tokens, not just this chunk: a sequence admitted
         # without it is preempted again before its prompt is done (thrashing).
         while not self._make_kv_room(seq.num_tokens - num_reused, plan, protect=None, keep=slot):
@@ -371,7 +371,7 @@ class Scheduler:
     def _make_kv_room(self, num_new: int, plan: StepDraft, protect: Sequence | None, keep: Slot | None = None) -> bool:
         """Evict cached prefixes of free slots, then preempt running sequences
         with later deadlines than `protect`, until `num_new` tokens fit."""
-        while plan.kv_used + num_new > self.capacity.kv_tokens:
+        while plan.kv_used + num_new > self.capacity.kv_size:
             if self._slots.evict_cached(plan, keep):
                 continue
             if protect is None:

@@ -311,7 +311,7 @@ class DraftPlanner:
         self.max_copy_draft = max(self.max_draft, capacity.max_draft_tokens)  # a long match's drafts
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
-        self._kv_tokens = capacity.kv_tokens
+        self._kv_size = capacity.kv_size
         self.payoff = DraftPayoff()
         if config.speculative == "off":
             self.max_draft = 0
@@ -367,7 +367,7 @@ class DraftPlanner:
             room = min(room, int((SHARED_STEP_STRETCH - 1.0) * base_s / (b + c)))
         proposals.sort(key=lambda proposal: -proposal[2])  # the likeliest drafts first
         for seq, draft_ids, _ in proposals:
-            take = min(k, len(draft_ids), room, plan.budget, self._kv_tokens - plan.kv_used)
+            take = min(k, len(draft_ids), room, plan.budget, self._kv_size - plan.kv_used)
             room -= max(take, 0)
             if take > 0 and self.draft_model:
                 plan.add_model_drafts(seq, take)

@@ -316,8 +316,8 @@ class ModelSnapshot:
     backend: str
     device: str
     in_flight: int  # requests submitted and not finished, as the event loop counts them
-    kv_total: int
-    max_num_seqs: int
+    kv_size: int
+    num_slots: int
     n_ctx: int
     scheduler: SchedulerSnapshot
     recent_batch_sizes: tuple[int, ...]

@@ -88,7 +88,7 @@ class StepWorker:
         self._thread = threading.Thread(target=self._run, name=f"step-{name}", daemon=True)
         self._crashed = False
         self.warmed_up = threading.Event()  # set once the backend has run its warm-up, here on the step thread
-        self.queue_count = QueueCount(self.scheduler.capacity.max_num_seqs)  # the queue limit's count
+        self.queue_count = QueueCount(self.scheduler.capacity.num_slots)  # the queue limit's count
         self.publisher = StepPublisher(self.scheduler, self.stats, self.queue_count, disk)
         # The CPU threads of the next step (engine/threads.py): chosen per window when adaptive.
         threads = backend.cpu_threads()
@@ -149,7 +149,7 @@ class StepWorker:
         self._warm_up()
         try:
             # The scheduler starts with empty slots; make the KV cache agree.
-            self.backend.clear_slots(range(self.scheduler.capacity.max_num_seqs))
+            self.backend.clear_slots(range(self.scheduler.capacity.num_slots))
             # A sequence whose saved prefix is still being read from disk is no
             # work yet: the loop sleeps until the reader's _Wake (or a message).
             while self._drain_inbox(block=not self.scheduler.has_ready_work()):

@@ -3,7 +3,7 @@
 * `specs` - what a name means (`resolve`, `find_spec`: one pass through
   models/store/discovery.py), as a `ModelSpec`;
 * `core` - `ModelRegistry`: loads into the engine or a queue, start-up
-  loads and their errors, leases, keep_alive, LRU eviction, unloads;
+  loads and their errors, holds, keep_alive, LRU eviction, unloads;
 * `keeping` - eviction, unloads and the reaper, for `core`;
 * `views` - the loaded models by kind and id, reports and stats;
 * `opening` - opening a backend with its resolved options (blocking);
@@ -14,11 +14,11 @@ Every route, command and worker reaches models through a `ModelRegistry`
 """
 
 from localserve.models.registry.core import ModelRegistry
-from localserve.models.registry.records import Lease, LoadedModel, LoadedOneShot, ModelRecord
+from localserve.models.registry.records import LoadedModel, LoadedOneShot, ModelHold, ModelRecord
 from localserve.models.registry.specs import ModelSpec, find_spec, resolve, spec_of
 
 __all__ = [
-    "Lease",
+    "ModelHold",
     "LoadedModel",
     "LoadedOneShot",
     "ModelRecord",

@@ -1,6 +1,6 @@
 """`ModelRegistry`: the one owner of the server's models.
 
-* **Names.** `acquire(name)` resolves a name a client gave in one pass
+* **Names.** `hold(name)` resolves a name a client gave in one pass
   (`specs.find_spec`), remembers the specs of models it loaded (start-up
   `ID=PATH` models too, which no name finds) and the names served under
   another id (`llama3.2` is `llama3.2:latest`).
@@ -14,21 +14,21 @@
   their first request. While it runs, a model that is not loaded yet
   answers 503 (`check_ready`). A start-up model that fails is remembered in
   `load_errors` (/health).
-* **Leases and keep_alive.** `acquire` returns a `Lease` once the model is
-  loaded; `release(lease)` sets how long the model stays loaded once idle:
-  the lease's keep_alive, else the model's default (`--keep-alive`; without
+* **Holds and keep_alive.** `hold` returns a `ModelHold` once the model is
+  loaded; `release(hold)` sets how long the model stays loaded once idle:
+  the hold's keep_alive, else the model's default (`--keep-alive`; without
   it 5 minutes for models loaded on demand, forever for start-up models).
   0 unloads it as soon as it is idle, a negative value keeps it forever.
   A reaper task unloads idle models whose keep_alive has run out.
 * **Limits.** Each kind (chat, embeddings, transcription) holds at most
   `--max-loaded-models` models loaded on demand; to make room, the least
   recently used *idle* model of the kind is unloaded. A model is idle when
-  no lease is held and neither its engine queue nor its queue has work.
+  nothing holds it and neither its engine queue nor its queue has work.
   If every model of the kind is busy, the least recently used one *drains*
   (`keeping.Keeper`): it takes no new requests (they wait for the swap, then
   load it again) and finishes its answers in flight, for up to DRAIN_WAIT_S;
   what still runs then ends with a 503 that says why, and it unloads.
-* **Options.** `acquire(..., options=...)` (`POST /api/v1/load`) loads with
+* **Options.** `hold(..., options=...)` (`POST /api/v1/load`) loads with
   options above every other level (models/options.py); a model loaded with
   other options must be unloaded first.
 
@@ -68,7 +68,7 @@ from localserve.models.policy import (
 )
 from localserve.models.registry.keeping import LEAVING, Keeper, check_kind, retrieve
 from localserve.models.registry.opening import open_generative, open_oneshot
-from localserve.models.registry.records import Lease, LoadedModel, LoadedOneShot, ModelRecord, RecordState
+from localserve.models.registry.records import LoadedModel, LoadedOneShot, ModelHold, ModelRecord, RecordState
 from localserve.models.registry.specs import ModelSpec, find_spec, resolve
 from localserve.models.registry.views import RegistryViews
 
@@ -185,7 +185,7 @@ class ModelRegistry(RegistryViews):
                 await _close_oneshot(record.model)
         self.records.clear()
 
-    # ---- leases ----------------------------------------------------------------------
+    # ---- holds -----------------------------------------------------------------------
 
     def check_ready(self, model_id: str) -> None:
         """400 for a bad id; 503 while the start-up models load, for a model
@@ -194,14 +194,14 @@ class ModelRegistry(RegistryViews):
         if self.starting and not self.is_loaded(model_id):
             raise ModelLoadingError(f"model {model_id!r} is not ready yet: models are still loading; retry in a moment")
 
-    async def acquire(
+    async def hold(
         self,
         name: str,
         *,
         kind: Kinds | None = None,
         keep_alive: object = None,
         options: ModelOptions | None = None,
-    ) -> Lease:
+    ) -> ModelHold:
         """Hold model `name` loaded (loading it first if needed, with `options`
         if given); 400 for a bad id, the wrong kind or other options than the
         loaded model's, 404 for an unknown model, 503 if no room frees up."""
@@ -217,14 +217,14 @@ class ModelRegistry(RegistryViews):
             record.num_users -= 1
             raise
         record.last_used = time.monotonic()
-        return Lease(record, keep_alive_s)
+        return ModelHold(record, keep_alive_s)
 
-    def release(self, lease: Lease) -> None:
+    def release(self, hold: ModelHold) -> None:
         """The caller is done with the model: start its keep_alive clock."""
-        record = lease.record
+        record = hold.record
         record.num_users = max(0, record.num_users - 1)
         record.last_used = time.monotonic()
-        record.keep_alive_s = record.default_keep_alive_s if lease.keep_alive_s is None else lease.keep_alive_s
+        record.keep_alive_s = record.default_keep_alive_s if hold.keep_alive_s is None else hold.keep_alive_s
         self.keeper.changed()
 
     async def _record(self, name: str, kind: Kinds | None, options: ModelOptions | None) -> ModelRecord:
@@ -270,7 +270,7 @@ class ModelRegistry(RegistryViews):
     # ---- loading ---------------------------------------------------------------------
 
     async def load(self, spec: ModelSpec) -> LoadedModel | LoadedOneShot:
-        """Load `spec` without a lease and without evicting (start-up models,
+        """Load `spec` without a hold and without evicting (start-up models,
         `localserve run`, `batch run`); it stays loaded per `--keep-alive`,
         else forever. Callers that ask while it loads share that load."""
         record = self.records.get(spec.model_id)
@@ -384,7 +384,7 @@ class ModelRegistry(RegistryViews):
             return
         await self.keeper.unload(record, "asked to")
 
-    def forget(self, model_id: str) -> None:
+    def forget_files(self, model_id: str) -> None:
         """Drop what is remembered of a model's files (after it left the store)."""
         self._known.pop(model_id, None)
         for name in [name for name, target in self._names.items() if model_id in (name, target)]:
@@ -397,14 +397,14 @@ class ModelRegistry(RegistryViews):
             return self.engine.end_requests(record.model_id, SWAPPED_OUT_MESSAGE)
         return 0
 
-    async def uninstall(self, record: ModelRecord) -> None:
+    async def unload_record(self, record: ModelRecord) -> None:
         """Take a loaded model out of the engine or stop its queue (the
         keeper's unload, after a swap's drain), then close its backend."""
         model, record.model = record.model, None
         if isinstance(model, LoadedOneShot):
             await _close_oneshot(model)
         elif model is not None:
-            await self.engine.remove_model(record.model_id, close_backend=False)
+            await self.engine.unload_model(record.model_id, close_backend=False)
             await self.close_backend(model)
 
     async def close_backend(self, model: LoadedModel) -> None:

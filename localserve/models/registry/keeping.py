@@ -41,7 +41,7 @@ class KeptModels(Protocol):
 
     def end_requests(self, record: ModelRecord) -> int: ...
 
-    async def uninstall(self, record: ModelRecord) -> None: ...
+    async def unload_record(self, record: ModelRecord) -> None: ...
 
 
 class Keeper:
@@ -108,7 +108,7 @@ class Keeper:
             if drain:
                 await self._drain(record, reason)
             record.state = RecordState.UNLOADING
-            await self.registry.uninstall(record)  # closes the backend: the hook for what outlives the model
+            await self.registry.unload_record(record)  # closes the backend: the hook for what outlives the model
             log.info("unloaded %s (%s)", record.model_id, reason)
         finally:
             if self.registry.records.get(record.model_id) is record:

@@ -1,6 +1,6 @@
 """What the registry keeps per model: the loaded backend (generative, or
-one-shot behind its queue), the record of its life (state, leases, idle
-clock, keep_alive) and the lease a caller holds it with."""
+one-shot behind its queue), the record of its life (state, holds, idle
+clock, keep_alive) and the `ModelHold` a caller holds it with."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class ModelRecord:
     kind: ModelKind  # and so the `--max-loaded-models` limit it counts against
     default_keep_alive_s: float
     state: RecordState = RecordState.PENDING
-    num_users: int = 0  # leases held, and requests waiting for the load
+    num_users: int = 0  # holds, and requests waiting for the load
     last_used: float = field(default_factory=time.monotonic)
     keep_alive_s: float = FOREVER  # once idle; set by each release
     task: asyncio.Task[None] | None = None  # the load or the unload in progress
@@ -70,7 +70,7 @@ class ModelRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class ModelHold:
     """A model held loaded for one call; give it back with `ModelRegistry.release`."""
 
     record: ModelRecord

@@ -109,7 +109,7 @@ class RegistryViews:
         return {model_id: OneShotStats(m.kind, m.queue.stats()) for model_id, m in self.oneshot.items()}
 
     def busy(self, record: ModelRecord) -> bool:
-        """Leases held, or work queued or running in the engine or the queue."""
+        """Holds, or work queued or running in the engine or the queue."""
         if record.num_users:
             return True
         if isinstance(record.model, LoadedOneShot):

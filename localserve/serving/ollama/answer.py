@@ -34,7 +34,7 @@ def now_iso() -> str:
 
 def loaded_line(name: str, keep_alive: str | float | None, fields: dict[str, Any]) -> dict[str, Any]:
     """Ollama's answer to an empty request: the model is loaded (and held till
-    now); with `keep_alive: 0` the lease's release unloads it once idle."""
+    now); with `keep_alive: 0` the hold's release unloads it once idle."""
     reason = "unload" if parse_keep_alive(keep_alive) == 0 else "load"
     return {"model": name, "created_at": now_iso(), **fields, "done_reason": reason, "done": True}
 

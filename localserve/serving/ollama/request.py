@@ -80,7 +80,7 @@ class _OllamaRequest(_Model):
     options: OllamaOptions | None = None
     stream: bool = True
     # How long the model stays loaded once idle; read from the body by
-    # api.leases when the model is acquired (Ollama's semantics).
+    # api.holds when the model is held (Ollama's semantics).
     keep_alive: str | float | None = None
     # false: a reasoning model's think section is closed in the prompt; else its thinking comes in `thinking`
     think: bool | str | None = None
@@ -199,7 +199,7 @@ class EmbedRequest(BaseModel):
     input: str | list[str] = Field(default_factory=list)
     truncate: bool = True
     dimensions: int | None = Field(default=None, ge=1)
-    keep_alive: str | float | None = None  # read by api.leases when the model is acquired
+    keep_alive: str | float | None = None  # read by api.holds when the model is held
 
 
 class LegacyEmbeddingsRequest(BaseModel):

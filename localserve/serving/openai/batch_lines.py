@@ -136,7 +136,7 @@ class ServingLineExecutor:
         engine = self.models.registry.engine
         if not model or not engine.has_model(model):
             return 1  # not loaded (yet): one line finds out, and waits or fails
-        return engine.capacity(model).max_num_seqs
+        return engine.capacity(model).num_slots
 
 
 def _error_result(exc: LocalServeError) -> LineResult:

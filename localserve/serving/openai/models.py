@@ -28,7 +28,7 @@ def model_object(model_id: str, loaded: LoadedModel, capacity: Capacity) -> dict
             "num_params": info.num_params,
             "n_ctx": capacity.n_ctx,
             "n_ctx_train": info.n_ctx_train,
-            "max_num_seqs": capacity.max_num_seqs,
+            "max_num_seqs": capacity.num_slots,
             "kind": ModelKind.CHAT,  # generative; one-shot models say "embeddings" or "transcription"
             "labels": list(loaded.spec.labels),
         },

@@ -75,7 +75,7 @@ class ClassPanel(Widget):
         model = self.model
         if model is None:
             return Text("no generative model" if self.has_data else "waiting for the server …", style="dim")
-        slots = max(1, model.max_num_seqs, model.num_running + model.num_waiting)
+        slots = max(1, model.num_slots, model.num_running + model.num_waiting)
         rows: list[list[Text | str]] = []
         for name in PRIORITY_CLASSES:
             figures = model.of_class(name)

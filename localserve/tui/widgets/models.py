@@ -77,7 +77,7 @@ class ModelsPanel(Widget):
         return Group(table, *notes) if notes else table
 
     def _generative(self, m: ModelView) -> list[Text | str]:
-        kv = m.kv_used / m.kv_total if m.kv_total else 0.0
+        kv = m.kv_used / m.kv_size if m.kv_size else 0.0
         name = Text("▶ " if m.model_id == self.focused_model else "  ", style="bold yellow")
         name.append(m.model_id, style="bold green")
         layers = f"{m.n_gpu_layers}/{m.n_layers}" if m.n_layers else DASH
@@ -90,7 +90,7 @@ class ModelsPanel(Widget):
             _threads_cell(m),
             fmt_mib(m.weights_mib),
             fmt_mib(m.kv_mib),
-            f"{m.n_ctx}×{m.max_num_seqs}",
+            f"{m.n_ctx}×{m.num_slots}",
             Text(f"{kv:.0%}", style=kv_style(kv)),
             f"{m.prefix_cache_hit_rate:.0%}",
             str(m.prefix_disk_hits) if m.prefix_disk_hits is not None else DASH,
