@@ -26,7 +26,7 @@ MODEL_DEFAULTS: dict[str, int | str] = {
 
 @dataclass(slots=True)
 class ServerSettings:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # one address, or several comma-separated (`hosts`)
     port: int = DEFAULT_PORT
     models: list[str] = field(default_factory=lambda: [DEFAULT_MODEL])  # ID, PATH or ID=PATH
     api_key: str | None = None
@@ -87,7 +87,16 @@ class ServerSettings:
     no_metrics: bool = False  # GET /metrics answers 501 (llama-server without --metrics)
     verbose: bool = False  # chat answers carry llama-server's `__verbose` unless a request says `verbose: false`
     slot_save_path: str = ""  # where /slots/{id}?action=save|restore keeps prompt caches; "": those actions are 501
+    # Embeddings models' pooling (llama-server's --pooling): "" each model's own; mean, cls, last or none load them
+    # on llama.cpp with that pooling; none gives one vector per token, which only /embedding(s) return
+    pooling: str = ""
     keep_alive: str = ""  # idle time before unloading ("5m", "30s", 0, -1); "" = 5m on demand, start-up models stay
+
+    @property
+    def hosts(self) -> list[str]:
+        """The addresses to listen on: `host`, or several comma-separated
+        (`127.0.0.1,::1`, as llama-server's --host); IPv6 without brackets."""
+        return [h.strip().strip("[]") for h in self.host.split(",") if h.strip()] or [""]
 
     @property
     def cpu_threads(self) -> int:

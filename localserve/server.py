@@ -72,10 +72,12 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
     stop = asyncio.Event()
     signals = _SignalHandler(app, stop)
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
-        url = f"http://{display_host(settings.host)}:{settings.port}"
+        for host in settings.hosts:  # one site per address (--host 127.0.0.1,::1)
+            await web.TCPSite(runner, host, settings.port).start()
+        url, *more = (f"http://{display_host(host)}:{settings.port}" for host in settings.hosts)
         models = ", ".join(settings.models) or "none"
-        print(f"localserve listening on {url} (models: {models}; loading in the background, see {url}/health)")
+        also = f" and {', '.join(more)}" if more else ""
+        print(f"localserve listening on {url}{also} (models: {models}; loading in the background, see {url}/health)")
         signals.install()
         failure = await _until_stopped(app, stop)
     finally:

@@ -171,6 +171,7 @@ def test_every_option_reads_its_env_var() -> None:
         "LOCALSERVE_NO_METRICS": "1",
         "LOCALSERVE_VERBOSE": "1",
         "LOCALSERVE_SLOT_SAVE_PATH": "/t/slots",
+        "LOCALSERVE_POOLING": "NONE",
     }
     assert set(env) == {o.env for o in cli.SERVE_OPTIONS if o.field}, "test covers every settings option"
     assert cli.settings_from_args([], env) == ServerSettings(
@@ -218,6 +219,7 @@ def test_every_option_reads_its_env_var() -> None:
         no_metrics=True,
         verbose=True,
         slot_save_path="/t/slots",
+        pooling="none",
     )
 
 

@@ -8,7 +8,7 @@ cross-origin calls (CORS).
 
 * `localhost`, `*.localhost`, `127.0.0.1`, `[::1]` (loopback);
 * the machine's name (`socket.gethostname()`, and `NAME.local` for mDNS);
-* the address the server is bound to (`--host`);
+* the addresses the server is bound to (`--host`);
 * every `--allow-host` (`*` turns the check off);
 * when bound to every interface (`0.0.0.0` / `::`), any IP literal: a
   rebinding attack always arrives under the attacker's DNS name.
@@ -82,10 +82,11 @@ class HostPolicy:
 
     def __init__(self, settings: ServerSettings) -> None:
         machine = socket.gethostname().lower()
-        names = {"localhost", "127.0.0.1", "::1", machine, f"{machine}.local", host_name(settings.host)}
+        names = {"localhost", "127.0.0.1", "::1", machine, f"{machine}.local"}
+        names.update(host_name(h) for h in settings.hosts)
         names.update(host_name(h) for h in settings.allow_hosts)
         self.any_host = "*" in settings.allow_hosts
-        self.any_ip = settings.host.strip("[]") in WILDCARD_BINDS
+        self.any_ip = any(h in WILDCARD_BINDS for h in settings.hosts)
         self.names = frozenset(n for n in names if n)
 
     def allows(self, name: str) -> bool:

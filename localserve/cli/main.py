@@ -64,7 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = build_serve_settings(values)
     setup_logging(values["log_level"])
     check_models(settings.models)
-    check_port_free(settings.host, settings.port)
+    for host in settings.hosts:
+        check_port_free(host, settings.port)
     from localserve.server import serve  # heavy: aiohttp, the engine
 
     try:

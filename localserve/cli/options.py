@@ -82,6 +82,7 @@ def _latency_target(text: str) -> float:
 
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 REASONING_MODES = ("on", "off", "auto")
+POOLINGS = ("mean", "cls", "last", "none")  # --pooling (llama-server's; rank is a reranker's own)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -177,7 +178,13 @@ class Option:
 
 
 SERVE_OPTIONS: tuple[Option, ...] = (
-    Option("--host", "host", str, "address to listen on; 0.0.0.0 opens the server to your network", "ADDR"),
+    Option(
+        "--host",
+        "host",
+        str,
+        "address to listen on, or several comma-separated (127.0.0.1,::1); 0.0.0.0 opens the server to your network",
+        "ADDR",
+    ),
     Option("--port", "port", _port, "TCP port to listen on", "N"),
     Option(
         "--model",
@@ -432,6 +439,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         str,
         "folder where POST /slots/ID?action=save|restore keep prompt caches (unset: those actions are 501)",
         "DIR",
+    ),
+    Option(
+        "--pooling",
+        "pooling",
+        _choice(POOLINGS),
+        "how embeddings models pool their token vectors, as llama-server's --pooling: mean, cls or last load them "
+        "on llama.cpp with that pooling; none gives one vector per token, which only llama.cpp's /embedding(s) "
+        "return (unset: each model's own)",
+        "MODE",
     ),
     Option("--shutdown-timeout", "shutdown_timeout_s", non_negative, "seconds to let requests finish on exit", "S"),
     Option(

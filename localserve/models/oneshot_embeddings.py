@@ -22,6 +22,11 @@ OpenVINO `.xml` is served by that backend. The backend registry
 (models/builtin_backends.py) opens every built-in embeddings backend,
 `auto` included, through `open_embeddings`; `localserve list` shows what
 `auto` picks here (`listed_backend`), `/api/v1/stats` what was loaded.
+
+`--pooling` (llama-server's: mean, cls, last or none) loads every
+embeddings model on llama.cpp with that pooling, whatever it would run on
+otherwise: the ONNX Runtime and OpenVINO graphs pool inside the graph. A
+model that is an ONNX or OpenVINO graph itself cannot take it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 
 from localserve.config import ServerSettings
 from localserve.engine.backend import OneShotBackend
-from localserve.errors import DeviceNotFoundError, LocalServeError
+from localserve.errors import DeviceNotFoundError, InvalidRequestError, LocalServeError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,13 @@ def open_embeddings(model_id: str, path: Path, settings: ServerSettings) -> tupl
     from localserve.models.catalog import catalog_backend
 
     choice = choose_embeddings_backend(path, catalog_backend(model_id))
+    if settings.pooling:  # only llama.cpp pools as asked (the graphs pool inside)
+        if choice.reason == "file format" and choice.backend != LLAMACPP:
+            raise InvalidRequestError(
+                f"model {model_id!r} is an {choice.backend} graph, which pools inside the graph: "
+                f"--pooling {settings.pooling} needs its GGUF or sentence-transformers folder"
+            )
+        choice = EmbeddingsChoice(LLAMACPP, f"--pooling {settings.pooling}")
     log.info("%s: embeddings on %s (%s)", model_id, choice.backend, choice.reason)
     if choice.backend == OPENVINO:
         return _open_openvino(model_id, path, settings)
@@ -159,7 +171,9 @@ def _open_llamacpp(model_id: str, path: Path, settings: ServerSettings) -> tuple
         from localserve.models.convert.cache import cached_gguf, log_progress
 
         path = cached_gguf(path, model_id, progress=log_progress(model_id))
-    config = LlamaEmbeddingConfig(str(path), n_threads=settings.cpu_threads, device=settings.device or "auto")
+    config = LlamaEmbeddingConfig(
+        str(path), n_threads=settings.cpu_threads, device=settings.device or "auto", pooling=settings.pooling or "model"
+    )
     return LlamaEmbeddingBackend(config), path
 
 

@@ -52,7 +52,10 @@ class EmbeddingsRequest:
     """One vector per input; `dimensions` shortens them (Matryoshka-trained
     models only). A text longer than the model takes is a 400, or with
     `truncate` cut to fit (Ollama's default), keeping its closing special
-    token. No inputs: the model is held (loaded) and no vector made."""
+    token. No inputs: the model is held (loaded) and no vector made.
+    `per_token`: the caller also takes a model loaded with `--pooling none`,
+    whose vectors are [n_tokens, n_embd] (llama-server's native routes);
+    any other caller gets a 400 from such a model, as from llama-server."""
 
     model: str
     inputs: tuple[str | tuple[int | str, ...], ...]  # texts, token ids (text pieces among them are tokenized)
@@ -60,6 +63,7 @@ class EmbeddingsRequest:
     priority: float = PRIORITY_ALIASES["default"]
     param: str = "input"
     truncate: bool = False
+    per_token: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,13 @@ async def embed(host: ModelHost, request: EmbeddingsRequest) -> Embeddings:
     backend = model.backend
     if not _is_embedder(backend):  # a backend registered for embeddings without the interface
         raise BackendError(f"model {request.model!r}: its backend does not make embeddings")
+    if getattr(backend, "pooling", None) == "none" and not (request.per_token and request.dimensions is None):
+        raise InvalidRequestError(
+            f"model {model.spec.model_id!r} runs with --pooling none: it gives a vector per token, not one per "
+            "input, which only llama.cpp's /embedding and /embeddings (no /v1) return; serve it without --pooling "
+            "none for pooled vectors",
+            param=request.param,
+        )
     # Shorter vectors only from Matryoshka-trained models (models/matryoshka.py); 400 otherwise.
     resize = dimensions_resize(request.model, model.spec.path, backend.n_embd, request.dimensions)
     limit = getattr(backend, "max_input_tokens", None)

@@ -36,13 +36,18 @@ class HistoryCall:
 @dataclass(frozen=True, slots=True)
 class Message:
     """One turn of a conversation. Roles are the chat templates' own:
-    system, user, assistant and tool (a tool's result)."""
+    system, user, assistant and tool (a tool's result). `reasoning`: an
+    earlier assistant turn's thinking as the client sent it back; templates
+    get it as `reasoning_content` (llama-server's name) and decide whether
+    it is rendered (Qwen3's keep it for the turns after the last user
+    message, as in a tool-calling loop)."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     name: str | None = None  # the author, or for a tool result the tool's name
     tool_calls: tuple[HistoryCall, ...] = ()  # assistant turns
     tool_call_id: str | None = None  # tool results
+    reasoning: str = ""  # assistant turns
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it."""
@@ -53,6 +58,8 @@ class Message:
             message["tool_calls"] = [call.for_template() for call in self.tool_calls]
         if self.tool_call_id:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
         return message
 
 

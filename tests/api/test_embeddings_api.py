@@ -245,6 +245,39 @@ def test_an_onnx_converted_model_serves_the_same_vectors(client: openai.OpenAI, 
     assert np.min(np.sum(from_onnx * from_catalog_id, axis=1)) > 0.9999
 
 
+def test_pooling_none_gives_a_vector_per_token_on_the_native_routes_only(
+    client: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """llama-server's --pooling none: the model loads on llama.cpp, and /embedding(s) answer each token's
+    vector as the model gives it (not normalised); the routes of pooled vectors refuse it with a 400."""
+    text = "hello hello hello"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSERVE_HOME", str(tmp_path_factory.mktemp("pooling-none-home")))
+        srv = ServerThread(make_settings(models=[MODEL], threads=2, pooling="none")).start()
+        try:
+            srv.wait_healthy(timeout=180)
+            with httpx.Client(base_url=srv.base_url, timeout=120) as none:
+                answer = none.post("/embeddings", json={"input": [text, "hello"]})
+                assert answer.status_code == 200, answer.text
+                rows = [np.array(item["embedding"], dtype=np.float32) for item in answer.json()]
+                assert [r.shape for r in rows] == [(5, 384), (3, 384)]  # [CLS] hello x3 [SEP]; [CLS] hello [SEP]
+                assert all(abs(float(np.linalg.norm(v)) - 1) > 1e-3 for r in rows for v in r)
+                for path, body in (
+                    ("/v1/embeddings", {"model": MODEL, "input": text}),
+                    ("/api/embed", {"model": MODEL, "input": text}),
+                ):
+                    refused = none.post(path, json=body)
+                    assert refused.status_code == 400 and "pooling none" in refused.text, (path, refused.text)
+            stats = srv.call(lambda: srv.registry.oneshot_stats())[MODEL]
+            assert stats.queue.padding_free is True  # llama.cpp, not the ONNX graph the catalog id runs
+        finally:
+            srv.stop()
+    # MiniLM pools by the mean over its tokens: the mean of the rows is the model's sentence vector.
+    mean = rows[0].mean(axis=0)
+    pooled = vectors(client.embeddings.create(model=MODEL, input=text))[0]
+    assert float(np.dot(mean / np.linalg.norm(mean), pooled)) > 0.99
+
+
 # ---- listed and counted like any model -------------------------------------------------------
 
 

@@ -23,8 +23,10 @@ from tests.api.harness import ServerThread, make_settings
 
 pytestmark = pytest.mark.slow
 
-THINKING_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+THINKING_TEMPLATE = (  # an earlier turn's reasoning is rendered, as Qwen3's template does in a tool-calling loop
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{% endif %}"
@@ -142,6 +144,36 @@ def test_responses_reasoning_items(server: ServerThread, model_id: str) -> None:
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == text
     assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+def test_earlier_thinking_reaches_the_template_in_every_dialect(server: ServerThread, model_id: str) -> None:
+    """A client sends an earlier answer's thinking back (OpenAI's `reasoning_content` or `reasoning`,
+    Anthropic's `thinking` blocks, Ollama's `thinking`): the template gets it as `reasoning_content`."""
+    thought = "The user wants the capital; Paris it is."
+    turns = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]
+    turns.append({"role": "user", "content": "And of Spain?"})
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        for field in ("reasoning_content", "reasoning"):
+            told = [turns[0], turns[1] | {field: thought}, turns[2]]
+            prompt = http.post("/apply-template", json={"model": model_id, "messages": told}).json()["prompt"]
+            assert f"<think>\n{thought}\n</think>\n\nParis." in prompt, (field, prompt)
+
+        def count(assistant_content: list[dict]) -> int:
+            said = {"role": "assistant", "content": assistant_content}
+            body = {"model": model_id, "messages": [turns[0], said, turns[2]]}
+            return int(http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"])
+
+        text = {"type": "text", "text": "Paris."}
+        thinking = {"type": "thinking", "thinking": thought, "signature": "x"}
+        redacted = {"type": "redacted_thinking", "data": "opaque"}
+        assert count([thinking, text]) > count([text]) == count([redacted, text])
+
+        def prompt_tokens(assistant: dict) -> int:
+            body = {"model": model_id, "messages": [turns[0], assistant, turns[2]], "stream": False}
+            body["options"] = {"temperature": 0, "num_predict": 1}
+            return int(http.post("/api/chat", json=body).json()["prompt_eval_count"])
+
+        assert prompt_tokens(turns[1] | {"thinking": thought}) > prompt_tokens(turns[1])
 
 
 def test_the_budget_closes_the_section_and_the_answer_follows(server: ServerThread, model_id: str) -> None:

@@ -87,7 +87,7 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
     alias = (args.alias or "").split(",")[0].strip() or path.stem.lower()
     n_slots = args.parallel if args.parallel and args.parallel > 0 else DEFAULT_SLOTS
     argv = ["serve", "--model", f"{alias}={path}", "--port", str(args.port or 8080)]
-    argv += ["--host", (args.host or "127.0.0.1").split(",")[0].strip()]
+    argv += ["--host", args.host or "127.0.0.1"]  # one address or several, comma-separated
     argv += ["--threads", str(args.threads or int(os.environ.get("LLAMA_SHIM_THREADS", "1")))]
     if kind == "chat":
         argv += ["--parallel", str(n_slots)]
@@ -110,6 +110,8 @@ def localserve_argv(args: argparse.Namespace) -> list[str]:
     for flag, value in options.items():
         if value is not None:
             argv += [flag, str(value)]
+    if args.pooling in ("mean", "cls", "last", "none"):  # rank is a reranker's own
+        argv += ["--pooling", args.pooling]
     if args.flash_attn:
         argv += ["--flash-attn", {"1": "on", "0": "off"}.get(args.flash_attn, args.flash_attn)]
     # llama-server allows any origin unless --cors-origins says otherwise (or --tools, which expose the

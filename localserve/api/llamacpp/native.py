@@ -9,7 +9,8 @@
 * `GET /props`: the model, its chat template, slots and default settings
 * `GET /slots`: one entry per KV slot (501 with `--no-slots`)
 * `POST /embedding`, `/embeddings` `{content | input}` -> `[{index,
-  embedding: [[...]]}]` (pooled vectors only: `--pooling none` is not here)
+  embedding: [[...]]}]`: the pooled vector, or with `--pooling none` one
+  vector per token (the only routes that return those)
 
 Every body may name a `model`; by default the only one of its kind.
 """
@@ -182,7 +183,8 @@ async def slot_action(request: web.Request) -> web.Response:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    """Pooled vectors, llama-server's native shape: `[{index, embedding: [[...]]}]`."""
+    """llama-server's native shape, `[{index, embedding: [[...]]}]`: a
+    pooled vector alone in its list, or with `--pooling none` each token's."""
     body = await parse_body(request, NativeEmbeddingRequest)
     value = body.content if body.content is not None else body.input
     if value is None:
@@ -190,6 +192,9 @@ async def embeddings(request: web.Request) -> web.Response:
     inputs = embedding_inputs(value)
     if not inputs:
         raise InvalidRequestError("'content' is empty", param="content")
-    result = await embed(RequestModels(request), EmbeddingsRequest(body.model, inputs, param="content"))
-    data = [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(result.vectors)]
+    asked = EmbeddingsRequest(body.model, inputs, param="content", per_token=True)
+    result = await embed(RequestModels(request), asked)
+    data = [
+        {"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]} for i, v in enumerate(result.vectors)
+    ]
     return web.json_response(data)

@@ -4,7 +4,9 @@ decoder with last-token pooling) in a context opened in embeddings mode.
 `run` packs many sequences into one `llama_batch`, padding-free, each under
 its own sequence id, and reads each pooled vector with
 `llama_get_embeddings_seq`. Outputs are L2-normalised unless the GGUF says
-the model has no `Normalize` module.
+the model has no `Normalize` module. With pooling `none` (llama-server's
+`--pooling none`) an item's output is its tokens' vectors instead, one row
+per token, as the model gives them (not normalised, as llama-server's).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ POOLING = {
     "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
     "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
     "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK,  # a classifier's head: logits, not a vector (classifier.py)
+    "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,  # a vector per token: [n_tokens, n_embd] per item
 }
 _POOLING_NAMES = {v: k for k, v in POOLING.items() if k != "model"}
 NORMALIZE_KEY = b"localserve.embedding.normalize"
@@ -49,7 +52,7 @@ class LlamaEmbeddingConfig:
     n_threads: int = 0  # 0: all cores
     device: str = "auto"  # a device name (backends/device_names.py): auto, cpu, gpu, gpu:N, cuda, ...
     n_gpu_layers: int = -1
-    pooling: str = "model"  # model | mean | cls | last
+    pooling: str = "model"  # model | mean | cls | last | none
     normalize: bool | None = None  # None: as the GGUF says (default yes)
 
 
@@ -109,7 +112,7 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         if not ctx:
             raise LocalServeError(f"llama.cpp could not create an embeddings context of {self.decode_tokens} tokens")
         pooling = llama_cpp.llama_pooling_type(ctx)
-        if pooling not in _POOLING_NAMES:
+        if pooling not in _POOLING_NAMES or (pooling == POOLING["none"] and cfg.pooling != "none"):
             raise InvalidRequestError(
                 f"{cfg.model_path} has no pooling for sentence embeddings; load it with pooling mean, cls or last"
             )
@@ -226,6 +229,8 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
         rc = llama_cpp.llama_encode(ctx, b) if self._encoder_only else llama_cpp.llama_decode(ctx, b)
         if rc != 0:
             raise BackendError(f"llama.cpp failed to embed the batch (code {rc})")
+        if self.pooling == "none":
+            return self._token_vectors(ctx, items, k)
         vectors = []
         for seq in range(len(items)):
             ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq)
@@ -237,6 +242,18 @@ class LlamaEmbeddingBackend(OneShotBackend[TokenIds, np.ndarray]):
                 vector /= norm if norm > 0 else 1.0
             vectors.append(vector)
         return vectors
+
+    def _token_vectors(self, ctx: llama_cpp.llama_context_p, items: Sequence[TokenIds], k: int) -> list[np.ndarray]:
+        """Each item's rows of the batch's output (pooling none: every token is an output, in batch order)."""
+        ptr = llama_cpp.llama_get_embeddings(ctx)
+        if not ptr:
+            raise BackendError("llama.cpp returned no token embeddings")
+        rows = np.ctypeslib.as_array(ptr, shape=(k, self.n_embd))
+        out, start = [], 0
+        for ids in items:
+            out.append(rows[start : start + len(ids)].astype(np.float32, copy=True))
+            start += len(ids)
+        return out
 
     def _live_model(self) -> llama_cpp.llama_model_p:
         if self._model is None:

@@ -4,8 +4,11 @@ messages.
 
 Content is a string or a list of blocks: `text`, `tool_use` (an earlier call
 of the model: `id`, `name`, `input`) and `tool_result` (its result:
-`tool_use_id`, `content`, `is_error`). `thinking` blocks a client sends back
-are skipped; images and documents are refused (the models here read text).
+`tool_use_id`, `content`, `is_error`). The `thinking` blocks of an
+assistant turn are its reasoning (the template decides whether it shows:
+Qwen3's keep it in a tool-calling loop, as Anthropic's API does);
+`redacted_thinking` is skipped; images and documents are refused (the
+models here read text).
 `thinking` `{"type": "disabled"}` closes a reasoning model's think section
 in the prompt; `{"type": "enabled", "budget_tokens": N}` caps it at N tokens;
 either way its thinking comes back in `thinking` blocks.
@@ -25,7 +28,7 @@ from localserve.serving.openai.schemas import FUNCTION_NAME, MAX_STOP, MAX_TOOLS
 from localserve.serving.sampling import REQUEST_DEFAULTS
 from localserve.serving.types import ChatRequest, FunctionTool, HistoryCall, Message, Options, Tools
 
-SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
+SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # but an assistant turn's thinking is its reasoning
 
 
 class _Model(BaseModel):
@@ -140,12 +143,15 @@ def turns(messages: list[MessageParam]) -> list[Message]:
             out.append(Message(turn.role, turn.content))
             continue
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[HistoryCall] = []
         for number, block in enumerate(turn.content):
             kind = block.get("type") if isinstance(block, dict) else None
             place = f"{where}[{number}]"
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
+            elif kind == "thinking" and turn.role == "assistant" and isinstance(block.get("thinking"), str):
+                thoughts.append(block["thinking"])
             elif kind == "tool_use" and turn.role == "assistant":
                 call = HistoryCall(_field(block, "name", place), _input(block, place), _field(block, "id", place))
                 names[call.id or ""] = call.name
@@ -158,8 +164,8 @@ def turns(messages: list[MessageParam]) -> list[Message]:
                     "(text, tool_use and tool_result blocks)",
                     param=place,
                 )
-        if texts or calls or not out or out[-1].role != "tool":
-            out.append(Message(turn.role, "".join(texts), tool_calls=tuple(calls)))
+        if texts or calls or thoughts or not out or out[-1].role != "tool":
+            out.append(Message(turn.role, "".join(texts), tool_calls=tuple(calls), reasoning="\n\n".join(thoughts)))
     return out
 
 

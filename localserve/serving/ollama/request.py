@@ -60,6 +60,7 @@ class OllamaMessage(_Model):
     images: list[str] | None = None
     tool_calls: list[schemas.MessageToolCall] | None = None
     tool_name: str | None = None
+    thinking: str | None = None  # an earlier answer's, as /api/chat returned it
 
     @field_validator("images")
     @classmethod
@@ -71,7 +72,8 @@ class OllamaMessage(_Model):
     def message(self) -> Message:
         """The message for the serving layer (`tool_name` names a tool's result)."""
         calls = tuple(HistoryCall(c.function.name, c.function.arguments, c.id) for c in self.tool_calls or ())
-        return Message(self.role, self.content or "", self.tool_name, calls)
+        reasoning = (self.thinking or "") if self.role == "assistant" else ""
+        return Message(self.role, self.content or "", self.tool_name, calls, reasoning=reasoning)
 
 
 class _OllamaRequest(_Model):

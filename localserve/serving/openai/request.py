@@ -85,7 +85,9 @@ def message(source: ChatMessage) -> Message:
     """A chat message; OpenAI's newer "developer" role means "system" to templates."""
     data = source.for_template()
     calls = tuple(HistoryCall(call.function.name, call.function.arguments, call.id) for call in source.tool_calls or ())
-    return Message(data["role"], data["content"], source.name, calls, source.tool_call_id)
+    return Message(
+        data["role"], data["content"], source.name, calls, source.tool_call_id, data.get("reasoning_content", "")
+    )
 
 
 def tools(defs: Sequence[ToolDef] | None, choice: ToolChoice | None, *, parallel: bool) -> Tools | None:

@@ -131,6 +131,9 @@ class ChatMessage(_Model):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages
+    # An earlier answer's thinking, as llama-server and vLLM return it (`reasoning`: OpenRouter's and newer vLLM's name)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -157,6 +160,9 @@ class ChatMessage(_Model):
             message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         if self.tool_call_id:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content or self.reasoning
+        if reasoning and role == "assistant":
+            message["reasoning_content"] = reasoning
         return message
 
 
