@@ -99,6 +99,17 @@ def test_top_n_and_return_documents(http: httpx.Client) -> None:
     assert "document" not in rerank(http)["results"][0]
 
 
+def test_tei_texts_get_tei_s_bare_list(http: httpx.Client) -> None:
+    """Hugging Face TEI's body (`texts`, `return_text`), answered in its shape, as llama-server does."""
+    response = http.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "top_n": 2, "return_text": True})
+    assert response.status_code == 200, response.text
+    ranked = response.json()
+    assert [item["index"] for item in ranked][:1] == [PARIS] and len(ranked) == 2
+    assert ranked[0]["text"] == DOCUMENTS[PARIS] and ranked[0]["score"] >= ranked[1]["score"]
+    plain = http.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "texts": DOCUMENTS}).json()
+    assert sorted(item["index"] for item in plain) == list(range(len(DOCUMENTS))) and "text" not in plain[0]
+
+
 def test_documents_as_text_objects(http: httpx.Client) -> None:
     body = rerank(http, documents=[{"text": d} for d in DOCUMENTS])
     assert body["results"][0]["index"] == PARIS
@@ -151,6 +162,9 @@ def test_a_long_document_is_cut_and_the_answer_says_so(http: httpx.Client) -> No
         ("/v1/rerank", {"query": QUERY, "documents": ["x"], "top_n": 0}, "top_n", "greater than or equal to 1"),
         ("/v1/rerank", {"query": "", "documents": ["x"]}, "query", "at least 1"),
         ("/v1/rerank", {"query": QUERY, "documents": ["ok", ""]}, "documents[1]", "empty string"),
+        ("/v1/rerank", {"query": QUERY, "documents": [1, 2]}, "documents[0]", "string"),
+        ("/v1/rerank", {"query": QUERY}, None, "'documents'"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a"], "texts": ["b"]}, None, "not both"),
         ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, None, "as many as text_2"),
         ("/v1/classify", {"input": "hello"}, "model", "not a classify or rerank model"),
     ],
@@ -170,6 +184,8 @@ def test_an_unknown_name_falls_back_to_the_one_model(http: httpx.Client) -> None
     """As llama-server with one model (and /v1/embeddings here): the only model that can rerank answers."""
     response = http.post("/v1/rerank", json={"model": "nope", "query": QUERY, "documents": DOCUMENTS})
     assert response.status_code == 200 and response.json()["results"][0]["index"] == PARIS
+    nameless = http.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS})  # llama-server's clients
+    assert nameless.status_code == 200 and nameless.json()["model"] == MODEL
 
 
 # ---- listed, counted, batched -------------------------------------------------------------

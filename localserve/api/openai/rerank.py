@@ -10,7 +10,15 @@ from localserve.api.doc_models import Classifications, RerankResults, Scores
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.routes import API_PREFIXES, Route, add_routes
-from localserve.serving.openai.rerank import ClassifyBody, RerankRequest, ScoreRequest, classify_texts, rerank, score
+from localserve.serving.openai.rerank import (
+    ClassifyBody,
+    RerankRequest,
+    ScoreRequest,
+    classify_texts,
+    rerank,
+    score,
+    tei_answer,
+)
 
 #: Rerank's paths beside the prefixed ones: llama-server's `/rerank`, Cohere's `/v2/rerank`.
 RERANK_ALIASES = ("/rerank", "/v2/rerank")
@@ -31,7 +39,8 @@ def register(app: web.Application) -> None:
 async def rerank_documents(request: web.Request) -> web.Response:
     """Rank documents by relevance to a query (a cross-encoder, or an embeddings model's cosine)."""
     body = await parse_body(request, RerankRequest)
-    return web.json_response(await rerank(RequestModels(request), body))
+    answer = await rerank(RequestModels(request), body)
+    return web.json_response(tei_answer(answer) if body.tei else answer)
 
 
 async def score_pairs(request: web.Request) -> web.Response:

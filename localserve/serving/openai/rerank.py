@@ -29,7 +29,7 @@ class TextDocument(BaseModel):
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str = ""  # "": the only model of its kind this server runs (serving/models.py)
     #: A text longer than the model reads: cut it (the answer's `meta` names
     #: it), or with false, a 400.
     truncate: bool = True
@@ -37,13 +37,32 @@ class _Body(BaseModel):
 
 
 class RerankRequest(_Body):
+    """llama-server's, Jina's and Cohere's v2 body (`documents`), or Hugging
+    Face TEI's (`texts`, answered in TEI's shape: a bare list of `{index,
+    score, text?}`), as llama-server takes both."""
+
     query: str = Field(min_length=1)
-    documents: list[str | TextDocument] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+    documents: list[str | TextDocument] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS)
+    texts: list[str] | None = Field(default=None, min_length=1, max_length=MAX_DOCUMENTS)  # TEI
     top_n: int | None = Field(default=None, ge=1)  # more than the documents: all of them
     return_documents: bool = False
+    return_text: bool = False  # TEI's name for return_documents
 
-    def texts(self) -> tuple[str, ...]:
-        return tuple(d if isinstance(d, str) else d.text for d in self.documents)
+    @model_validator(mode="after")
+    def _check_documents(self) -> RerankRequest:
+        if (self.documents is None) == (self.texts is None):
+            raise ValueError("send the documents to rank as 'documents' (or TEI's 'texts'), not both")
+        return self
+
+    @property
+    def tei(self) -> bool:
+        """The request came in Hugging Face TEI's form (`texts`)."""
+        return self.texts is not None
+
+    def document_texts(self) -> tuple[str, ...]:
+        if self.texts is not None:
+            return tuple(self.texts)
+        return tuple(d if isinstance(d, str) else d.text for d in self.documents or ())
 
 
 def _texts(value: str | list[str], name: str) -> list[str]:
@@ -83,14 +102,14 @@ class ClassifyBody(_Body):
 
 async def rerank(host: ModelHost, body: RerankRequest) -> dict[str, Any]:
     """The rerank answer: `results` sorted by relevance, best first."""
-    documents = body.texts()
+    documents = body.document_texts()
     request = PairsRequest(body.model, (body.query,), documents, parse_priority(body.priority), body.truncate)
     scored = await score_pairs(host, request)
     order = sorted(range(len(documents)), key=lambda i: -scored.scores[i])[: body.top_n]
     results: list[dict[str, Any]] = []
     for i in order:
         result: dict[str, Any] = {"index": i, "relevance_score": scored.scores[i]}
-        if body.return_documents:
+        if body.return_documents or body.return_text:
             result["document"] = {"text": documents[i]}
         results.append(result)
     return {
@@ -101,6 +120,18 @@ async def rerank(host: ModelHost, body: RerankRequest) -> dict[str, Any]:
         "usage": usage_tokens(scored.num_tokens),
         "meta": _meta(scored, "documents"),
     }
+
+
+def tei_answer(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rerank answer in Hugging Face TEI's shape: a bare list of `{index,
+    score, text?}`, best first, as llama-server answers a `texts` request."""
+    ranked = []
+    for result in answer["results"]:
+        item = {"index": result["index"], "score": result["relevance_score"]}
+        if "document" in result:
+            item["text"] = result["document"]["text"]
+        ranked.append(item)
+    return ranked
 
 
 async def score(host: ModelHost, body: ScoreRequest) -> dict[str, Any]:
