@@ -430,10 +430,15 @@ def rerank_tables(bench: Bench, args: argparse.Namespace, settings: ServerSettin
     backend, config = opened.backend, opened.batching  # what the server queues it with
     if args.rerank_max_padding is not None:
         config = replace(config, max_padding=args.rerank_max_padding)
+    if args.rerank_max_batch_tokens is not None:
+        config = replace(config, max_batch_tokens=args.rerank_max_batch_tokens)
     jobs = rerank_jobs(backend, args.rerank_requests)
     pairs = [pair for job in jobs for pair in job]
     clients = [int(c) for c in args.rerank_clients.split(",")]
-    label = f"cross-encoder ({backend.info().backend}, {Path(opened.source).name}, max_padding {config.max_padding:g})"
+    label = (
+        f"cross-encoder ({backend.info().backend}, {Path(opened.source).name}, max_padding {config.max_padding:g}, "
+        f"max_batch_tokens {config.max_batch_tokens})"
+    )
 
     def ceiling(n: int) -> tuple[float, int]:
         return pool_ceiling(backend, pairs, n * RERANK_PAIRS, RERANK_CEILING_SIZES)
@@ -489,6 +494,11 @@ def main() -> None:
         "--rerank-max-padding",
         type=float,
         help="the rerank queue's max_padding instead of the served one (models/oneshot.py BATCHING)",
+    )
+    add(
+        "--rerank-max-batch-tokens",
+        type=int,
+        help="the rerank queue's max_batch_tokens instead of the served one (models/oneshot.py BATCHING)",
     )
     add("--max-load", type=float, default=0.5, help="the 1-minute load average a cell may start at")
     add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for that before giving up")

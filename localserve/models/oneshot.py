@@ -21,8 +21,13 @@ from localserve.models.kinds import ModelKind, kind_of
 BATCHING = {
     ModelKind.EMBEDDINGS: dict(max_batch_size=128, max_batch_tokens=4096),
     ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
-    ModelKind.RERANK: dict(max_batch_size=128, max_batch_tokens=8192),  # query-document pairs
-    ModelKind.CLASSIFY: dict(max_batch_size=128, max_batch_tokens=8192),
+    # Query-document pairs. Small runs: a BERT cross-encoder's pairs of ~110 tokens ran
+    # 0.88x as fast in runs of 32-73 pairs as one by one on a 2-core EPYC, and fastest
+    # in runs of 4-16 (their activations stay in cache); 1024 tokens (about 8 such
+    # pairs) took the queue from 0.81-0.84x to 0.91-0.92x of the best batched run()
+    # (bench/oneshot_bench.py --rerank, bench/results/oneshot-rerank*.json).
+    ModelKind.RERANK: dict(max_batch_size=128, max_batch_tokens=1024),
+    ModelKind.CLASSIFY: dict(max_batch_size=128, max_batch_tokens=1024),
 }
 
 
