@@ -6,8 +6,10 @@ so one thread that the OS descheduled stalls the whole graph. Measured on 2
 vCPUs with one other process spinning on one core (issue 43): two threads
 fell to a fifth of their quiet speed at one stream, one thread kept 80%.
 
-Two signals choose the count, both over short windows (`TICK_S`), never a
-single step:
+Two signals choose the count, both over short windows (`TICK_S`; the step
+times over `MIN_STEPS` steps at least, never a single step, while a CPU
+reading that moved is acted on once a window's time has passed, however few
+the steps: contended steps can be long):
 
 - `CpuUse`: the cores that other programs keep busy, from the system's CPU
   times minus this process's own (psutil; steal time counts, it is a core
@@ -19,7 +21,10 @@ single step:
   ratio is compared with the window before it, and the switch is undone
   when it made steps slower (`MARGIN`). When the reading moves by half a
   core or more (a burst starts or ends) to a neighbour that holds a core
-  (`CLEAR_CORE`) or leaves one free, the count follows it at once, without
+  (`CLEAR_CORE`), or to a partial one while the steps ran much slower than
+  predicted (`SLOW_RATIO`: a spinning neighbour competing with our threads
+  gets only 2/3 of a core on 2 cores, yet stalls every step), or leaves one
+  free, the count follows it at once, without
   a trial: that window mixed two conditions, so nothing is a fair
   baseline, and a neighbour that comes and goes every few seconds must not
   wait two windows at each change. A move to a partial neighbour (the
@@ -197,27 +202,26 @@ class ThreadChooser:
             self._ratio_sum += measured_s / predicted_s
             self._num_steps += 1
         now = self._clock()
-        if self._num_steps < MIN_STEPS or now - self._window_start < TICK_S:
+        if now - self._window_start < TICK_S:
+            return self.threads
+        if self._num_steps < MIN_STEPS:
+            # Too few steps to judge their times, but a window's worth of
+            # time: a neighbour that arrived or left still shows in the CPU
+            # reading. Contended steps are long (8 streams on 2 threads with
+            # one core taken: 0.4 s each), and waiting for three of them would
+            # lose most of a 2 s burst.
+            busy = self._busy()
+            if self._moved(busy):
+                slow = self._num_steps > 0 and self._ratio_sum / self._num_steps > SLOW_RATIO
+                self._follow_move(busy, now, slow=slow)
             return self.threads
         ratio = self._ratio_sum / self._num_steps
         self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
         busy = self._busy()
-        moved = self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
-        self.last_busy_elsewhere, self._read_once = busy, True
-        if moved:
-            # The neighbours changed (a build started, a burst ended). This window
-            # mixed two conditions, so it is no fair baseline for a trial. A
-            # neighbour that clearly holds (or left) a core is followed at once:
-            # one that comes and goes every few seconds must not wait two windows
-            # at each change, and a switch the next windows find slower is still
-            # caught (SLOW_RATIO). A partial one (a client parsing answers, a
-            # browser tab) is only a suggestion: the next, clean window starts a
-            # trial that the step times judge.
-            self._trial = None
-            target = self.suggested(busy)
-            if target > self.threads or self._clearly_free(busy) <= target:
-                self._switch(target)
+        if self._moved(busy):
+            self._follow_move(busy, now, slow=ratio > SLOW_RATIO)
             return self.threads
+        self.last_busy_elsewhere, self._read_once = busy, True
         if self._trial is not None:
             self._judge(self._trial, ratio, busy, now)
             self._trial = None
@@ -228,6 +232,29 @@ class ThreadChooser:
         elif ratio > SLOW_RATIO and self.threads > 1:
             self._try(self.threads - 1, ratio, busy, now, suggested=False)
         return self.threads
+
+    def _moved(self, busy: float) -> bool:
+        """The reading moved by `MOVED_CORES` or more since the last window."""
+        return self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
+
+    def _follow_move(self, busy: float, now: float, *, slow: bool) -> None:
+        """The neighbours changed (a build started, a burst ended). This window
+        mixed two conditions, so it is no fair baseline for a trial. A
+        neighbour that clearly holds (or left) a core is followed at once: one
+        that comes and goes every few seconds must not wait two windows at
+        each change, and a switch the next windows find slower is still caught
+        (SLOW_RATIO). So is a partial one while the steps ran much slower than
+        predicted (`slow`): a spinning process that competes with our threads
+        gets only its share of the cores, and stalls every step. A partial one
+        whose steps kept their speed (a client parsing answers, a browser tab)
+        is only a suggestion: the next, clean window starts a trial that the
+        step times judge."""
+        self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
+        self.last_busy_elsewhere = busy
+        self._trial = None
+        target = self.suggested(busy)
+        if target > self.threads or self._clearly_free(busy) <= target or (slow and target < self.threads):
+            self._switch(target)
 
     def _try(self, target: int, ratio: float, busy: float, now: float, *, suggested: bool) -> None:
         key = (self.threads, target)

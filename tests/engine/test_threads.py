@@ -173,21 +173,31 @@ def test_slow_steps_with_no_neighbour_seen_try_one_thread_fewer_and_keep_it_only
     assert chooser.switches == 2
 
 
-def test_fewer_than_three_steps_or_a_short_window_decide_nothing() -> None:
+def test_fewer_than_three_steps_judge_no_times_but_a_moved_reading_is_followed() -> None:
     calls = []
     now = [0.0]
+    reading = [0.0]
 
-    def reading() -> float:
+    def cpu() -> float:
         calls.append(now[0])
-        return 1.0
+        return reading[0]
 
-    chooser = ThreadChooser(2, busy_elsewhere=reading, clock=lambda: now[0], num_cores=2)
-    now[0] = 10.0
-    chooser.observe(5.0, 0.01)
-    chooser.observe(5.0, 0.01)
-    assert not calls and chooser.threads == 2  # two steps, however long
+    chooser = ThreadChooser(2, busy_elsewhere=cpu, clock=lambda: now[0], num_cores=2)
+    now[0] = TICK_S / 2
     chooser.observe(0.01, 0.01)
-    assert calls and chooser.threads == 1
+    assert not calls  # a short window reads nothing
+    now[0] = TICK_S * 2
+    chooser.observe(0.01, 0.01)
+    chooser.observe(0.01, 0.01)
+    assert calls and chooser.threads == 2  # a quiet machine: the first reading
+    now[0] += 5.0
+    chooser.observe(5.0, 0.01)
+    chooser.observe(5.0, 0.01)
+    assert chooser.threads == 2  # two steps, however slow: their times alone decide nothing
+    reading[0] = 2 / 3  # one spinning neighbour's share against our two threads
+    now[0] += 5.0
+    chooser.observe(5.0, 0.01)  # the second step of this window: the moved reading is enough
+    assert chooser.threads == 1
 
 
 def test_cpu_use_sees_a_spinning_neighbour() -> None:
@@ -243,3 +253,24 @@ def test_a_bursty_neighbour_is_followed_within_a_window_of_each_change() -> None
             machine.run(machine.base / 2)  # one step
     assert right / total > 0.8, (right, total)
     assert chooser.switches >= 9
+
+
+def test_a_bursty_neighbour_is_followed_at_eight_streams_where_contended_steps_are_long() -> None:
+    """The same bursty load at 8 streams: a step on both threads with one
+    core taken lasts 0.4 s (issue 43: ITL 414 ms). Waiting for three such steps
+    lost most of each 2 s burst; the moved reading is followed after the first
+    one, so most of the time runs on the count its moment calls for."""
+    machine = Machine(cores=2, base=0.09, stall=4.5)
+    chooser = machine.attach(2)
+    machine.run(1.0)
+    right = total = 0.0
+    for burst in range(10):
+        machine.busy = 1.0 if burst % 2 == 0 else 0.0
+        end = machine.now + 2.0
+        while machine.now < end:
+            want = 1 if machine.busy else 2
+            start, threads = machine.now, chooser.threads
+            machine.run(1e-9)  # one step
+            total += machine.now - start
+            right += (machine.now - start) * (threads == want)
+    assert right / total > 0.75, (right, total)
