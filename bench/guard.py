@@ -10,10 +10,17 @@ from a detached worktree under ~/.cache/localserve-bench/guard/, kept for the
 next run) with this venv, both up at once on SmolLM2-135M-Instruct Q4_1 (2
 threads, 16 slots x 1024), each with its own empty LOCALSERVE_HOME. The cells
 -- 1 and 8 streams, greedy and temperature 0.7 -- are measured as paired runs
-(bench/paired.py), the order alternating pair by pair. It prints each pair,
+(bench/paired.py), the order alternating pair by pair, and the servers
+started twice: half the pairs with HEAD's server started first, half with
+BASE's, so neither start order decides a verdict. Known weakness: on the
+2-core machine the 8 x t=0.7 cell gave the same code against itself
+0.940 (HEAD first), 1.057 (BASE first) and 0.914 (both orders),
+cause unknown (bench/results/guard-*same-code*.json); a failure there alone
+is confirmed by running the guard again with BASE and HEAD swapped.
+It prints each pair,
 then a table of HEAD / BASE tok/s per cell (median of the pairs and their
 range), and exits 1 when a cell's median falls below --threshold (0.95).
-About 4 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
+About 5 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
 `--head-threads auto` measures the adaptive thread count against a fixed
 one (`guard.py HEAD --head-threads auto`: the same code on both sides), and
 `--head-env KEY=VALUE` a setting (`guard.py HEAD --head-env
@@ -30,6 +37,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,7 +50,16 @@ from bench.compare_servers import (  # noqa: E402
     free_port,
     wait_for_quiet,
 )
-from bench.paired import Target, git_describe, now, parse_cells, run_pairs, table  # noqa: E402
+from bench.paired import (  # noqa: E402
+    Cell,
+    Target,
+    git_describe,
+    now,
+    parse_cells,
+    run_pairs,
+    summarize_cell,
+    table,
+)
 
 WORKTREES = CACHE / "guard"
 
@@ -77,6 +94,22 @@ def serve(
     return Target(label, f"http://127.0.0.1:{port}", MODEL_ID)
 
 
+def merge_halves(
+    halves: list[tuple[bool, dict[str, Any]]], cells: list[Cell], head: Target, base: Target
+) -> dict[str, Any]:
+    """One result from the runs of both start orders: each cell summarized
+    over all its pairs, each pair marked with the server started first."""
+    merged = []
+    for index, cell in enumerate(cells):
+        runs = []
+        for base_first, half in halves:
+            for run in half["cells"][index]["runs"]:
+                runs.append({**run, "started_first": base.name if base_first else head.name})
+        loads = [half["cells"][index]["loadavg_before"] for _, half in halves]
+        merged.append(summarize_cell(cell, head, base, runs, next((x for x in loads if x is not None), None)))
+    return {"a": head.name, "b": base.name, "cells": merged}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -84,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("head", nargs="?", default=None, help="the revision under test (default: the working tree as it is)")
     add("--streams", default="1,8", help="stream counts (default: 1,8)")
     add("--temperatures", default="0,0.7", help="sampling temperatures, 0 is greedy (default: 0,0.7)")
-    add("--pairs", type=int, default=3, help="pairs of runs per cell (default: 3)")
+    add("--pairs", type=int, default=4, help="pairs of runs per cell, split between both start orders (default: 4)")
     add("--threshold", type=float, default=0.95, help="lowest HEAD/BASE median accepted per cell (default: 0.95)")
     add("--threads", default="2", help="--threads of both servers (default: 2)")
     add(
@@ -98,6 +131,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="environment of HEAD only, e.g. LOCALSERVE_THREAD_WAIT=default against the same commit (repeatable)",
+    )
+    add(
+        "--base-first",
+        action="store_true",
+        help="with --pairs 1: start BASE's server first (more pairs are split between both orders)",
     )
     add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
     add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
@@ -114,11 +152,24 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(ROOT / "localserve")], check=False)
     load = wait_for_quiet(args.max_wait_quiet)
     print(f"guard: HEAD {head_sha} against BASE {base_sha}; 1-minute load {load:.2f}", flush=True)
-    with ExitStack() as stack:
-        head_env = dict(item.split("=", 1) for item in args.head_env)
-        head = serve(head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads, head_env)
-        base = serve(base_tree, args, stack, f"base-{base_sha}", args.threads, {})
-        result = run_pairs(head, base, parse_cells(args.streams, args.temperatures), pairs=args.pairs)
+    head_env = dict(item.split("=", 1) for item in args.head_env)
+    cells = parse_cells(args.streams, args.temperatures)
+    no_env: dict[str, str] = {}
+    halves = []
+    for base_first in (False, True) if args.pairs > 1 else (args.base_first,):
+        pairs = (args.pairs + (0 if base_first else 1)) // 2 if args.pairs > 1 else 1
+        print(f"guard: {pairs} pair(s) with {'BASE' if base_first else 'HEAD'}'s server started first", flush=True)
+        with ExitStack() as stack:
+            head_args = (head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads, head_env)
+            base_args = (base_tree, args, stack, f"base-{base_sha}", args.threads, no_env)
+            if base_first:
+                base = serve(*base_args)
+                head = serve(*head_args)
+            else:
+                head = serve(*head_args)
+                base = serve(*base_args)
+            halves.append((base_first, run_pairs(head, base, cells, pairs=pairs)))
+    result = merge_halves(halves, cells, head, base)
     result.update(
         {
             "kind": "guard",
@@ -131,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "servers": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
             "head_threads": args.head_threads or args.threads,
             "head_env": args.head_env,
+            "start_orders": ["base first" if first else "head first" for first, _ in halves],
         }
     )
     failing = [c["label"] for c in result["cells"] if c["ratio_median"] < args.threshold]
