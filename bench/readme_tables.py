@@ -164,7 +164,7 @@ def oneshot_rerank() -> str:
         "| queue / ceiling (median, range) | batching off pairs/s | mean batch (on) | load before (on) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    notes = []
+    notes, backends = [], []
     for name in files:
         data = _load(name)
         budget = data["args"].get("rerank_max_batch_tokens") or 8192  # the default before febc841
@@ -172,7 +172,8 @@ def oneshot_rerank() -> str:
         for c in data["cells"]:
             if c.get("table") == "throughput" and c["backend"].startswith("cross-encoder"):
                 rounds.setdefault((c["backend"], c["clients"]), {}).setdefault(c["round"], {})[c["batching"]] = c
-        for (_, clients), by_round in rounds.items():
+        for (backend, clients), by_round in rounds.items():
+            backends += [] if backend in backends else [backend]
             ons = [r["on"] for r in by_round.values()]
             offs = [r["off"] for r in by_round.values()]
             ratios = [on["items_per_s"] / on["ceiling_items_per_s"] for on in ons]
@@ -189,7 +190,7 @@ def oneshot_rerank() -> str:
         args, cpus = data["args"], data["cpus"]
     lines.append("")
     lines.append(
-        f"{cpus} cores; the cross-encoder on ONNX Runtime (its fused float32 graph), max_padding 0.25; "
+        f"{cpus} cores; {'; '.join(backends)}; "
         f"{args['rounds']} rounds per row, each {args['rerank_requests']} requests of a query and 32 passages; the "
         "ceiling is the best of run() on the same pairs, each client count's pairs in flight sorted by length and cut "
         "into batches of 4 to 256 (issue 41's goal: queue / ceiling >= 0.95); batching off runs each pair alone. "

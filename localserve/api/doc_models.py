@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, RootModel
 
 
 class _Doc(BaseModel):
@@ -122,6 +122,18 @@ class RerankResults(_Doc):
     results: list[RerankResult]
     usage: UsageObject
     meta: dict[str, Any]
+
+
+class TeiRank(_Doc):
+    """One document of Hugging Face TEI's rerank answer (a `texts` request)."""
+
+    index: int
+    score: float
+    text: str | None = None
+
+
+class RerankAnswer(RootModel[RerankResults | list[TeiRank]]):
+    """A rerank answer: the Cohere/Jina shape, or TEI's bare list for a `texts` request."""
 
 
 class Score(_Doc):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from localserve.api.doc_models import Classifications, RerankResults, Scores
+from localserve.api.doc_models import Classifications, RerankAnswer, Scores
 from localserve.api.hosting import RequestModels
 from localserve.api.middleware import parse_body
 from localserve.api.routes import API_PREFIXES, Route, add_routes
@@ -27,7 +27,7 @@ RERANK_ALIASES = ("/rerank", "/v2/rerank")
 def register(app: web.Application) -> None:
     """Add the rerank, score and classify routes to `app`."""
     rerank_paths = [f"{prefix}/rerank" for prefix in API_PREFIXES] + list(RERANK_ALIASES)
-    add_routes(app, *(Route("POST", path, rerank_documents, RerankRequest, RerankResults) for path in rerank_paths))
+    add_routes(app, *(Route("POST", path, rerank_documents, RerankRequest, RerankAnswer) for path in rerank_paths))
     for prefix in API_PREFIXES:
         add_routes(
             app,
