@@ -10,17 +10,23 @@ from a detached worktree under ~/.cache/localserve-bench/guard/, kept for the
 next run) with this venv, both up at once on SmolLM2-135M-Instruct Q4_1 (2
 threads, 16 slots x 1024), each with its own empty LOCALSERVE_HOME. The cells
 -- 1 and 8 streams, greedy and temperature 0.7 -- are measured as paired runs
-(bench/paired.py), the order alternating pair by pair, and the servers
-started twice: half the pairs with HEAD's server started first, half with
-BASE's, so neither start order decides a verdict. Known weakness: on the
-2-core machine the 8 x t=0.7 cell gave the same code against itself
-0.940 (HEAD first), 1.057 (BASE first) and 0.914 (both orders),
-cause unknown (bench/results/guard-*same-code*.json); a failure there alone
-is confirmed by running the guard again with BASE and HEAD swapped.
+(bench/paired.py), the servers started twice: half the pairs with HEAD's
+server started first, half with BASE's, so neither start order decides a
+verdict.
+
+This host's speed moves by 5-10% from one 3-second run to the next (the same
+requests on one server, CPU time per token moving with the wall time), so:
+a pair is nested, A B B A in half runs, each server's two halves counted
+together; every sampled request carries a seed, the same on both sides, so
+both servers sample the same text (unseeded, one server's text fell into a
+loop that prompt-lookup drafting speeds up and the other's did not, which
+made the 8 x t=0.7 cell fail the same code against itself: 0.91-0.94); and
+a cell whose median falls below the threshold is measured once more (as
+many pairs again, both start orders) and judged on all its pairs.
 It prints each pair,
 then a table of HEAD / BASE tok/s per cell (median of the pairs and their
 range), and exits 1 when a cell's median falls below --threshold (0.95).
-About 5 minutes on 2 cores; it first waits for a 1-minute load below 0.5.
+About 5 minutes on 2 cores (2-3 more to confirm a low cell); it first waits for a 1-minute load below 0.5.
 `--head-threads auto` measures the adaptive thread count against a fixed
 one (`guard.py HEAD --head-threads auto`: the same code on both sides), and
 `--head-env KEY=VALUE` a setting (`guard.py HEAD --head-env
@@ -97,15 +103,18 @@ def serve(
 def merge_halves(
     halves: list[tuple[bool, dict[str, Any]]], cells: list[Cell], head: Target, base: Target
 ) -> dict[str, Any]:
-    """One result from the runs of both start orders: each cell summarized
-    over all its pairs, each pair marked with the server started first."""
+    """One result from the runs of every start of the servers: each cell
+    summarized over all its pairs, each pair marked with the server started
+    first (a confirming round measures only some of the cells)."""
     merged = []
-    for index, cell in enumerate(cells):
-        runs = []
+    for cell in cells:
+        runs, loads = [], []
         for base_first, half in halves:
-            for run in half["cells"][index]["runs"]:
-                runs.append({**run, "started_first": base.name if base_first else head.name})
-        loads = [half["cells"][index]["loadavg_before"] for _, half in halves]
+            for measured in half["cells"]:
+                if measured["label"] == cell.label:
+                    loads.append(measured["loadavg_before"])
+                    for run in measured["runs"]:
+                        runs.append({**run, "started_first": base.name if base_first else head.name})
         merged.append(summarize_cell(cell, head, base, runs, next((x for x in loads if x is not None), None)))
     return {"a": head.name, "b": base.name, "cells": merged}
 
@@ -133,6 +142,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="environment of HEAD only, e.g. LOCALSERVE_THREAD_WAIT=default against the same commit (repeatable)",
     )
     add(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of both servers, e.g. LOCALSERVE_SPECULATIVE=off (repeatable)",
+    )
+    add(
+        "--unseeded",
+        action="store_true",
+        help="send sampled requests without a seed (each server then samples its own text)",
+    )
+    add(
+        "--whole-runs",
+        action="store_true",
+        help="run each pair as A B (whole runs) instead of A B B A in half runs",
+    )
+    add(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="decide on the first round alone (by default a cell below the threshold is measured once more, "
+        "as many pairs again, and judged on all its pairs)",
+    )
+    add(
         "--base-first",
         action="store_true",
         help="with --pairs 1: start BASE's server first (more pairs are split between both orders)",
@@ -152,23 +185,49 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(ROOT / "localserve")], check=False)
     load = wait_for_quiet(args.max_wait_quiet)
     print(f"guard: HEAD {head_sha} against BASE {base_sha}; 1-minute load {load:.2f}", flush=True)
-    head_env = dict(item.split("=", 1) for item in args.head_env)
+    both_env = dict(item.split("=", 1) for item in args.env)
+    head_env = both_env | dict(item.split("=", 1) for item in args.head_env)
     cells = parse_cells(args.streams, args.temperatures)
-    no_env: dict[str, str] = {}
-    halves = []
-    for base_first in (False, True) if args.pairs > 1 else (args.base_first,):
-        pairs = (args.pairs + (0 if base_first else 1)) // 2 if args.pairs > 1 else 1
-        print(f"guard: {pairs} pair(s) with {'BASE' if base_first else 'HEAD'}'s server started first", flush=True)
-        with ExitStack() as stack:
-            head_args = (head_tree, args, stack, f"head-{head_sha}", args.head_threads or args.threads, head_env)
-            base_args = (base_tree, args, stack, f"base-{base_sha}", args.threads, no_env)
-            if base_first:
-                base = serve(*base_args)
-                head = serve(*head_args)
-            else:
-                head = serve(*head_args)
-                base = serve(*base_args)
-            halves.append((base_first, run_pairs(head, base, cells, pairs=pairs)))
+    halves: list[tuple[bool, dict[str, Any]]] = []
+    head_label, base_label = f"head-{head_sha}", f"base-{base_sha}"
+    head = Target(head_label, "", MODEL_ID)
+    base = Target(base_label, "", MODEL_ID)
+
+    def measure(round_cells: list[Cell], round_index: int) -> None:
+        nonlocal head, base
+        for base_first in (False, True) if args.pairs > 1 else (args.base_first,):
+            pairs = (args.pairs + (0 if base_first else 1)) // 2 if args.pairs > 1 else 1
+            who = "BASE" if base_first else "HEAD"
+            print(f"guard: {pairs} pair(s) with {who}'s server started first", flush=True)
+            with ExitStack() as stack:
+                head_args = (head_tree, args, stack, head_label, args.head_threads or args.threads, head_env)
+                base_args = (base_tree, args, stack, base_label, args.threads, both_env)
+                if base_first:
+                    base = serve(*base_args)
+                    head = serve(*head_args)
+                else:
+                    head = serve(*head_args)
+                    base = serve(*base_args)
+                measured = run_pairs(
+                    head,
+                    base,
+                    round_cells,
+                    pairs=pairs,
+                    seeded=not args.unseeded,
+                    nested=not args.whole_runs,
+                    seed=10_000 * (2 * round_index + base_first),
+                )
+                halves.append((base_first, measured))
+
+    measure(cells, 0)
+    confirmed: list[str] = []
+    if args.confirm:
+        below = [c for c in merge_halves(halves, cells, head, base)["cells"] if c["ratio_median"] < args.threshold]
+        if below:
+            again = [cell for cell in cells if cell.label in {c["label"] for c in below}]
+            confirmed = [cell.label for cell in again]
+            print(f"guard: below {args.threshold} at {', '.join(confirmed)}; measuring them again", flush=True)
+            measure(again, 1)
     result = merge_halves(halves, cells, head, base)
     result.update(
         {
@@ -182,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             "servers": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
             "head_threads": args.head_threads or args.threads,
             "head_env": args.head_env,
+            "env": args.env,
+            "seeded": not args.unseeded,
+            "nested": not args.whole_runs,
+            "confirmed": confirmed,
             "start_orders": ["base first" if first else "head first" for first, _ in halves],
         }
     )

@@ -48,6 +48,13 @@ class Cell:
         return max(4, 2 * self.streams)
 
     @property
+    def half_requests(self) -> int:
+        """A nested pair's half run: half the requests, and at least 3 (about
+        4 seconds of one stream; shorter, a one-stream half is as noisy as
+        this host)."""
+        return max(3, self.num_requests // 2)
+
+    @property
     def label(self) -> str:
         sampling = "greedy" if self.temperature <= 0 else f"t={self.temperature:g}"
         return f"{self.streams} x {sampling}"
@@ -70,11 +77,23 @@ def parse_cells(streams: str, temperatures: str) -> list[Cell]:
 
 
 async def run_once(
-    target: Target, cell: Cell, *, seed: int, prompt_tokens: int, output_tokens: int, extra_body: dict[str, Any]
+    target: Target,
+    cell: Cell,
+    *,
+    seed: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    extra_body: dict[str, Any],
+    seeded: bool = False,
+    num_requests: int = 0,
 ) -> dict[str, Any]:
-    """One closed-loop run of `cell` on `target`: tok/s, TTFT and ITL."""
-    workload = Workload(target.model, "completions", prompt_tokens, output_tokens, True, cell.temperature, extra_body)
-    level = Level("concurrency", cell.streams, cell.num_requests)
+    """One closed-loop run of `cell` on `target`: tok/s, TTFT and ITL.
+    `seeded` gives every sampled request its own seed, the same on both
+    sides of a pair; `num_requests` replaces the cell's own count."""
+    workload = Workload(
+        target.model, "completions", prompt_tokens, output_tokens, True, cell.temperature, extra_body, seeded
+    )
+    level = Level("concurrency", cell.streams, num_requests or cell.num_requests)
     async with LoadRunner(target.url, workload, [RequestClass("default")], seed=seed) as runner:
         summary = summarize_level(await runner.run(level), Slo())
     s = summary["all"]
@@ -110,10 +129,16 @@ def run_pairs(
     extra_body: dict[str, Any] | None = None,
     before_cell: Callable[[Cell], float | None] | None = None,
     seed: int = 0,
+    seeded: bool = False,
+    nested: bool = False,
 ) -> dict[str, Any]:
     """Measure every cell as `pairs` pairs of runs, A then B, then B then A,
     and so on; the ratio is A's tok/s over B's. `before_cell` may wait (for
-    a quiet machine) and returns the load it started at."""
+    a quiet machine) and returns the load it started at.
+
+    `nested` runs each pair as A B B A (or B A A B) in half runs of half
+    the requests, and counts each server's two halves together: a drift of
+    the host's speed within the pair then falls on both servers alike."""
     extra = dict(extra_body or {})
     out: list[dict[str, Any]] = []
     for target in (a, b):
@@ -125,23 +150,50 @@ def run_pairs(
             order = (a, b) if pair % 2 == 0 else (b, a)
             pair_seed = seed + 1_000 * index + 100 * pair
             result = {}
-            for target in order:
-                result[target.name] = asyncio.run(
-                    run_once(
-                        target,
-                        cell,
-                        seed=pair_seed,
-                        prompt_tokens=prompt_tokens,
-                        output_tokens=output_tokens,
-                        extra_body=extra,
+            sequence = (
+                [(t, 0) for t in order] + [(t, 1) for t in reversed(order)] if nested else [(t, 0) for t in order]
+            )
+            halves: dict[str, list[dict[str, Any]]] = {a.name: [], b.name: []}
+            for target, half in sequence:
+                halves[target.name].append(
+                    asyncio.run(
+                        run_once(
+                            target,
+                            cell,
+                            seed=pair_seed + half,
+                            prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens,
+                            extra_body=extra,
+                            seeded=seeded,
+                            num_requests=cell.half_requests if nested else 0,
+                        )
                     )
                 )
+            for name, parts in halves.items():
+                result[name] = combine_runs(parts)
             result["ratio"] = round(result[a.name]["tok_s"] / result[b.name]["tok_s"], 4)
             result["first"] = order[0].name
             runs.append(result)
             print(_pair_line(cell, pair, a, b, result), flush=True)
         out.append(summarize_cell(cell, a, b, runs, load))
     return {"a": a.name, "b": b.name, "cells": out}
+
+
+def combine_runs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's runs within a pair as one: tok/s over their whole time,
+    latencies as the mean of their medians."""
+    if len(parts) == 1:
+        return parts[0]
+    duration = sum(p["duration_s"] for p in parts)
+    tokens = sum(p["tok_s"] * p["duration_s"] for p in parts)
+    return {
+        "tok_s": round(tokens / duration, 2),
+        "ttft_p50_ms": round(statistics.fmean(p["ttft_p50_ms"] for p in parts), 2),
+        "itl_p50_ms": round(statistics.fmean(p["itl_p50_ms"] for p in parts), 2),
+        "duration_s": round(duration, 3),
+        "loadavg": parts[0]["loadavg"],
+        "halves_tok_s": [p["tok_s"] for p in parts],
+    }
 
 
 def summarize_cell(cell: Cell, a: Target, b: Target, runs: list[dict[str, Any]], load: float | None) -> dict[str, Any]:

@@ -101,6 +101,10 @@ class Workload:
     fixed_output: bool = True  # ignore_eos + min_tokens: every answer is output_tokens long
     temperature: float = 0.0
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # A sampling seed per request, from the same number as its prompt: two
+    # servers sent the same run sample the same text (a speed comparison of
+    # sampled text is otherwise also a comparison of two random texts).
+    seeded: bool = False
 
     @property
     def path(self) -> str:
@@ -135,5 +139,7 @@ class Workload:
             body["min_tokens"] = max_tokens
         if request_class.priority is not None:
             body["priority"] = request_class.priority
+        if self.seeded and self.temperature > 0:
+            body["seed"] = seed % 2**31
         body.update(self.extra_body)
         return body

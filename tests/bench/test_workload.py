@@ -48,6 +48,16 @@ def test_fixed_output_body_asks_every_server_for_the_exact_length() -> None:
     assert chat["messages"][0]["role"] == "user"
 
 
+def test_a_seeded_workload_gives_each_sampled_request_the_seed_of_its_prompt() -> None:
+    sampled = Workload("m", temperature=0.7, seeded=True)
+    first, again, other = (sampled.body(n, RequestClass("default")) for n in (7, 7, 8))
+    assert first["seed"] == again["seed"] != other["seed"]
+    assert first["prompt"] == again["prompt"] != other["prompt"]
+    assert "seed" not in Workload("m", temperature=0.7).body(7, RequestClass("default"))
+    assert "seed" not in Workload("m", temperature=0.0, seeded=True).body(7, RequestClass("default"))
+    assert 0 <= sampled.body(3 * 2**40, RequestClass("default"))["seed"] < 2**31
+
+
 def test_percentile_interpolates_like_numpy() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
