@@ -157,29 +157,36 @@ def rerank_peers() -> str:
 def oneshot_rerank() -> str:
     """The one-shot queue against the cross-encoder's own best batched run()
     (bench/oneshot_bench.py --rerank): the served batching, and the runs
-    before it (max_batch_tokens 8192) when their JSON is there."""
-    files = [name for name in ("oneshot-rerank.json", "oneshot-rerank-mbt1024.json") if (RESULTS / name).exists()]
+    before it (max_batch_tokens 8192; a request's pairs in arrival order)
+    when their JSON is there."""
+    orders = {
+        "oneshot-rerank.json": "arrival",
+        "oneshot-rerank-mbt1024.json": "arrival",
+        "oneshot-rerank-shortest-first.json": "shortest first",
+    }
+    files = [name for name in orders if (RESULTS / name).exists()]
     lines = [
-        "| max_batch_tokens | clients | queue (batching on) pairs/s | run() ceiling pairs/s (batch) "
+        "| max_batch_tokens | a request's pairs | clients | queue (batching on) pairs/s | run() ceiling pairs/s (batch) "
         "| queue / ceiling (median, range) | batching off pairs/s | mean batch (on) | load before (on) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     notes, backends = [], []
     for name in files:
         data = _load(name)
-        budget = data["args"].get("rerank_max_batch_tokens") or 8192  # the default before febc841
         rounds: dict[tuple[str, int], dict[int, dict[str, dict[str, Any]]]] = {}
         for c in data["cells"]:
             if c.get("table") == "throughput" and c["backend"].startswith("cross-encoder"):
                 rounds.setdefault((c["backend"], c["clients"]), {}).setdefault(c["round"], {})[c["batching"]] = c
         for (backend, clients), by_round in rounds.items():
             backends += [] if backend in backends else [backend]
+            named = re.search(r"max_batch_tokens (\d+)", backend)  # the label names the budget it ran
+            budget = named.group(1) if named else "8192"  # unnamed: the served default before febc841
             ons = [r["on"] for r in by_round.values()]
             offs = [r["off"] for r in by_round.values()]
             ratios = [on["items_per_s"] / on["ceiling_items_per_s"] for on in ons]
             sizes = "/".join(str(s) for s in sorted({on["ceiling_batch"] for on in ons}))
             lines.append(
-                f"| {budget} | {clients} | {statistics.median([on['items_per_s'] for on in ons]):.1f} "
+                f"| {budget} | {orders[name]} | {clients} | {statistics.median([on['items_per_s'] for on in ons]):.1f} "
                 f"| {statistics.median([on['ceiling_items_per_s'] for on in ons]):.1f} ({sizes}) "
                 f"| **{statistics.median(ratios):.2f}** ({min(ratios):.2f}-{max(ratios):.2f}) "
                 f"| {statistics.median([off['items_per_s'] for off in offs]):.1f} "
@@ -194,7 +201,9 @@ def oneshot_rerank() -> str:
         f"{args['rounds']} rounds per row, each {args['rerank_requests']} requests of a query and 32 passages; the "
         "ceiling is the best of run() on the same pairs, each client count's pairs in flight sorted by length and cut "
         "into batches of 4 to 256 (issue 41's goal: queue / ceiling >= 0.95); batching off runs each pair alone. "
-        f"1024 is the served setting since febc841. Sources: {', '.join(notes)}."
+        "1024 is the served setting since febc841; a request's pairs go shortest first (one length per dispatch) "
+        "since the commit after 1a6e108. The host differs between sources: compare ratios, not pairs/s. "
+        f"Sources: {', '.join(notes)}."
     )
     return "\n".join(lines)
 

@@ -210,8 +210,8 @@ def test_readme_tables_render_the_rerank_records(tmp_path: Path, monkeypatch: py
     oneshot = readme_tables.oneshot_rerank()
     rows = [line for line in oneshot.splitlines() if line.startswith("| 8192 ")]
     assert rows == [  # a record without --rerank-max-batch-tokens ran the budget served before febc841
-        "| 8192 | 1 | 96.0 | 100.0 (32) | **0.96** (0.90-0.99) | 50.0 | 32.0 | 0.20 |",
-        "| 8192 | 8 | 192.0 | 200.0 (64) | **0.96** (0.90-0.99) | 50.0 | 32.0 | 0.20 |",
+        "| 8192 | arrival | 1 | 96.0 | 100.0 (32) | **0.96** (0.90-0.99) | 50.0 | 32.0 | 0.20 |",
+        "| 8192 | arrival | 8 | 192.0 | 200.0 (64) | **0.96** (0.90-0.99) | 50.0 | 32.0 | 0.20 |",
     ]
     assert "Commit abc1234" in oneshot and "cross-encoder (onnxruntime, model.onnx)" in oneshot
 

@@ -245,6 +245,24 @@ async def test_max_batch_tokens_bounds_the_work_of_a_dispatch():
     await close(queue)
 
 
+async def test_a_request_split_over_dispatches_sends_its_items_shortest_first():
+    # a rerank of many documents in several dispatches: each dispatch holds
+    # items of about one length (least padding), and the caller still gets
+    # its outputs in its own order
+    backend = FakeBackend()
+    queue = make(backend, max_batch_size=100, max_batch_tokens=20, group_by_length=False)
+    blocker = await hold_busy(backend, queue)
+    items = ["a" * 9, "b" * 2, "c" * 10, "d" * 3, "e" * 8, "f" * 1]
+    task = asyncio.create_task(queue.submit(items))
+    await until(lambda: queue.stats().queue_items == 6)
+    backend.gate.set()
+    assert await task == [item.upper() for item in items]
+    # item by item in arrival order it was [a b d f], [c e]
+    assert backend.runs[1:] == [["f", "bb", "ddd", "e" * 8], ["a" * 9, "c" * 10]]
+    await blocker
+    await close(queue)
+
+
 async def test_runs_on_the_queue_thread_never_on_the_event_loop():
     backend = FakeBackend()
     queue = make(backend)

@@ -16,7 +16,7 @@ class Waiting(Protocol):
     @property
     def arrival(self) -> float: ...  # clock seconds
     @property
-    def order(self) -> int: ...  # FIFO tie-break
+    def order(self) -> int: ...  # FIFO tie-break: one number per request
     @property
     def size(self) -> int: ...  # tokens or audio frames
 
@@ -31,11 +31,16 @@ def choose_dispatch(
     the time waited over `aging_s`, so a low priority waits a bounded time),
     FIFO among equals, up to `max_batch_size` items and `max_batch_tokens` of
     work. An item too big for what is left is skipped for a smaller one; an
-    item bigger than `max_batch_tokens` goes alone."""
+    item bigger than `max_batch_tokens` goes alone.
 
-    def rank(item: W) -> tuple[float, int]:
+    The items of one request (one `order`) go shortest first: a request that
+    takes several dispatches (a rerank of 32 documents in batches of 1024
+    tokens) then sends items of about one length together, with the least
+    padding, as a sort of the whole request would."""
+
+    def rank(item: W) -> tuple[float, int, int]:
         waited = now - item.arrival
-        return (item.priority - (waited / aging_s if aging_s > 0 else 0.0), item.order)
+        return (item.priority - (waited / aging_s if aging_s > 0 else 0.0), item.order, item.size)
 
     chosen: list[W] = []
     num_tokens = 0

@@ -81,7 +81,7 @@ class _Entry(Generic[ItemT]):
     key: Hashable
     priority: float
     arrival: float
-    order: int  # FIFO tie-break
+    order: int  # FIFO tie-break, one per request (its items then go shortest first)
     through_dispatch: bool  # it waited while a dispatch ran: it leaves in the next one, with no extra wait
 
 
@@ -142,10 +142,9 @@ class OneShotQueue(Generic[ItemT, OutputT]):
                     f"(limit {self.config.max_queue}); retry shortly",
                     retry_after_s=1,
                 )
+            order = next(self._order)
             for index, item in enumerate(items):
-                entry = _Entry(
-                    request, index, item, sizes[index], keys[index], priority, now, next(self._order), self._busy
-                )
+                entry = _Entry(request, index, item, sizes[index], keys[index], priority, now, order, self._busy)
                 self._pending.append(entry)
             self._num_waiting_requests += 1
             self._num_in_flight += 1
