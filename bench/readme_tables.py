@@ -163,6 +163,7 @@ def oneshot_rerank() -> str:
         "oneshot-rerank.json": "arrival",
         "oneshot-rerank-mbt1024.json": "arrival",
         "oneshot-rerank-shortest-first.json": "shortest first",
+        "oneshot-rerank-shortest-first-mbt512.json": "shortest first",
     }
     files = [name for name in orders if (RESULTS / name).exists()]
     lines = [
@@ -201,8 +202,9 @@ def oneshot_rerank() -> str:
         f"{args['rounds']} rounds per row, each {args['rerank_requests']} requests of a query and 32 passages; the "
         "ceiling is the best of run() on the same pairs, each client count's pairs in flight sorted by length and cut "
         "into batches of 4 to 256 (issue 41's goal: queue / ceiling >= 0.95); batching off runs each pair alone. "
-        "1024 is the served setting since febc841; a request's pairs go shortest first (one length per dispatch) "
-        "since the commit after 1a6e108. The host differs between sources: compare ratios, not pairs/s. "
+        "A request's pairs go shortest first (one length per dispatch) since 27293f7, and 512 is the served "
+        "setting since the commit after it (1024 from febc841). The host differs between sources (the 2026-12-05 "
+        "one ran the cross-encoder at about a third of the speed): compare ratios, not pairs/s. "
         f"Sources: {', '.join(notes)}."
     )
     return "\n".join(lines)

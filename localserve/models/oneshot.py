@@ -23,11 +23,13 @@ BATCHING = {
     ModelKind.TRANSCRIPTION: dict(max_batch_size=8, max_batch_tokens=8 * 3000),
     # Query-document pairs. Small runs: a BERT cross-encoder's pairs of ~110 tokens ran
     # 0.88x as fast in runs of 32-73 pairs as one by one on a 2-core EPYC, and fastest
-    # in runs of 4-16 (their activations stay in cache); 1024 tokens (about 8 such
-    # pairs) took the queue from 0.81-0.84x to 0.91-0.92x of the best batched run()
+    # in runs of 4-16 (their activations stay in cache; on a slower EPYC with 8 MiB of
+    # L3, 4-8). 1024 tokens (about 8 such pairs) took the queue from 0.81-0.84x to
+    # 0.91-0.92x of the best batched run(); a request's pairs shortest first, 0.98 /
+    # 0.94x; and 512 (about 4 pairs), 1.01 / 0.99x at 1 / 8 clients
     # (bench/oneshot_bench.py --rerank, bench/results/oneshot-rerank*.json).
-    ModelKind.RERANK: dict(max_batch_size=128, max_batch_tokens=1024),
-    ModelKind.CLASSIFY: dict(max_batch_size=128, max_batch_tokens=1024),
+    ModelKind.RERANK: dict(max_batch_size=128, max_batch_tokens=512),
+    ModelKind.CLASSIFY: dict(max_batch_size=128, max_batch_tokens=512),
 }
 
 
