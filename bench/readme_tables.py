@@ -203,7 +203,7 @@ def oneshot_rerank() -> str:
         "ceiling is the best of run() on the same pairs, each client count's pairs in flight sorted by length and cut "
         "into batches of 4 to 256 (issue 41's goal: queue / ceiling >= 0.95); batching off runs each pair alone. "
         "A request's pairs go shortest first (one length per dispatch) since 27293f7, and 512 is the served "
-        "setting since the commit after it (1024 from febc841). The host differs between sources (the 2026-12-05 "
+        "setting since 8836f98 (1024 from febc841). The host differs between sources (the 2026-12-05 "
         "one ran the cross-encoder at about a third of the speed): compare ratios, not pairs/s. "
         f"Sources: {', '.join(notes)}."
     )
