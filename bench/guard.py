@@ -190,11 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     cells = parse_cells(args.streams, args.temperatures)
     halves: list[tuple[bool, dict[str, Any]]] = []
     head_label, base_label = f"head-{head_sha}", f"base-{base_sha}"
-    head = Target(head_label, "", MODEL_ID)
-    base = Target(base_label, "", MODEL_ID)
+    # merge_halves and the table need only the names; each round serves its own
+    head, base = Target(head_label, "", MODEL_ID), Target(base_label, "", MODEL_ID)
 
     def measure(round_cells: list[Cell], round_index: int) -> None:
-        nonlocal head, base
         for base_first in (False, True) if args.pairs > 1 else (args.base_first,):
             pairs = (args.pairs + (0 if base_first else 1)) // 2 if args.pairs > 1 else 1
             who = "BASE" if base_first else "HEAD"
@@ -203,14 +202,14 @@ def main(argv: list[str] | None = None) -> int:
                 head_args = (head_tree, args, stack, head_label, args.head_threads or args.threads, head_env)
                 base_args = (base_tree, args, stack, base_label, args.threads, both_env)
                 if base_first:
-                    base = serve(*base_args)
-                    head = serve(*head_args)
+                    served_base = serve(*base_args)
+                    served_head = serve(*head_args)
                 else:
-                    head = serve(*head_args)
-                    base = serve(*base_args)
+                    served_head = serve(*head_args)
+                    served_base = serve(*base_args)
                 measured = run_pairs(
-                    head,
-                    base,
+                    served_head,
+                    served_base,
                     round_cells,
                     pairs=pairs,
                     seeded=not args.unseeded,

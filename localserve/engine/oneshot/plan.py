@@ -34,7 +34,7 @@ def choose_dispatch(
     item bigger than `max_batch_tokens` goes alone.
 
     The items of one request (one `order`) go shortest first: a request that
-    takes several dispatches (a rerank of 32 documents in batches of 1024
+    takes several dispatches (a rerank of 32 documents in batches of 512
     tokens) then sends items of about one length together, with the least
     padding, as a sort of the whole request would."""
 
