@@ -30,7 +30,10 @@ About 5 minutes on 2 cores (2-3 more to confirm a low cell); it first waits for 
 `--head-threads auto` measures the adaptive thread count against a fixed
 one (`guard.py HEAD --head-threads auto`: the same code on both sides), and
 `--head-env KEY=VALUE` a setting (`guard.py HEAD --head-env
-LOCALSERVE_THREAD_WAIT=default`).
+LOCALSERVE_THREAD_WAIT=default`). `--neighbours bursty` measures with one
+other process spinning 2 s and idling 2 s, as bench/busy_desktop.py does
+(`--neighbours busy`: spinning throughout): a change to the adaptive thread
+count (engine/threads.py) runs it with `--threads auto` on both sides.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.busy_desktop import neighbours  # noqa: E402
 from bench.compare_servers import (  # noqa: E402
     CACHE,
     MODEL_ID,
@@ -170,6 +174,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="with --pairs 1: start BASE's server first (more pairs are split between both orders)",
     )
+    add(
+        "--neighbours",
+        choices=("quiet", "busy", "bursty"),
+        default="quiet",
+        help="other programs while measuring, as bench/busy_desktop.py makes them: one process spinning "
+        "(busy) or spinning --burst seconds on and off (bursty); changes to engine/threads.py run the guard "
+        "under bursty too (default: quiet)",
+    )
+    add("--burst", default="2,2", help="bursty: seconds on, seconds off (default: 2,2)")
     add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
     add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
     add("--json", type=Path, default=None, help="also write the result here (e.g. bench/results/guard-X.json)")
@@ -193,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     # merge_halves and the table need only the names; each round serves its own
     head, base = Target(head_label, "", MODEL_ID), Target(base_label, "", MODEL_ID)
 
+    on_s, off_s = (float(x) for x in args.burst.split(","))
+
     def measure(round_cells: list[Cell], round_index: int) -> None:
+        with neighbours(args.neighbours, 1, on_s, off_s):
+            measure_orders(round_cells, round_index)
+
+    def measure_orders(round_cells: list[Cell], round_index: int) -> None:
         for base_first in (False, True) if args.pairs > 1 else (args.base_first,):
             pairs = (args.pairs + (0 if base_first else 1)) // 2 if args.pairs > 1 else 1
             who = "BASE" if base_first else "HEAD"
@@ -244,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             "seeded": not args.unseeded,
             "nested": not args.whole_runs,
             "confirmed": confirmed,
+            "neighbours": args.neighbours if args.neighbours != "bursty" else f"bursty {args.burst}",
             "start_orders": ["base first" if first else "head first" for first, _ in halves],
         }
     )

@@ -53,8 +53,8 @@ QUESTIONS = (
 
 async def turn(
     session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], answer_tokens: int
-) -> tuple[float, str]:
-    """One streamed chat turn: its time to first token and the answer's text."""
+) -> tuple[float, float, str]:
+    """One streamed chat turn: its time to first token, its whole time and the answer's text."""
     body = {
         "model": MODEL_ID,
         "messages": messages,
@@ -77,17 +77,20 @@ async def turn(
             if text:
                 parts.append(text)
                 first = first or time.perf_counter()
-    return first - sent, "".join(parts)
+    return first - sent, time.perf_counter() - sent, "".join(parts)
 
 
-async def conversation(session: aiohttp.ClientSession, url: str, seed: int, args: argparse.Namespace) -> list[float]:
+async def conversation(
+    session: aiohttp.ClientSession, url: str, seed: int, args: argparse.Namespace
+) -> list[tuple[float, float]]:
+    """Each turn's (time to first token, whole time)."""
     rng = random.Random(seed)
     document = synthetic_prompt(args.document_words, seed)
     messages = [{"role": "user", "content": f"Document: {document}\n\n{rng.choice(QUESTIONS)}"}]
     ttfts = []
     for index in range(args.turns):
-        ttft, answer = await turn(session, url, messages, args.answer_tokens)
-        ttfts.append(ttft)
+        ttft, whole, answer = await turn(session, url, messages, args.answer_tokens)
+        ttfts.append((ttft, whole))
         messages.append({"role": "assistant", "content": answer})
         messages.append({"role": "user", "content": f"{rng.choice(QUESTIONS)} ({rng.choice(WORDS)} {index})"})
     return ttfts
@@ -101,12 +104,18 @@ async def run(url: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             *(conversation(session, url, seed * 100 + c, args) for c in range(args.conversations))
         )
         wall = time.perf_counter() - started
-    first = [c[0] for c in chats]
-    later = [t for c in chats for t in c[1:]]
+    first = [c[0][0] for c in chats]
+    later = [t[0] for c in chats for t in c[1:]]
     return {
         "wall_s": round(wall, 3),
         "first_turn_ttft_p50_ms": round(statistics.median(first) * 1e3, 1),
         "later_turn_ttft_p50_ms": round(statistics.median(later) * 1e3, 1),
+        # Where the wall time goes: per turn, the medians over conversations
+        # of the time to first token and of the answer's decode after it.
+        "turn_ttft_p50_ms": [round(statistics.median(c[i][0] for c in chats) * 1e3, 1) for i in range(args.turns)],
+        "turn_decode_p50_ms": [
+            round(statistics.median(c[i][1] - c[i][0] for c in chats) * 1e3, 1) for i in range(args.turns)
+        ],
     }
 
 

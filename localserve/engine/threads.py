@@ -6,10 +6,10 @@ so one thread that the OS descheduled stalls the whole graph. Measured on 2
 vCPUs with one other process spinning on one core (issue 43): two threads
 fell to a fifth of their quiet speed at one stream, one thread kept 80%.
 
-Two signals choose the count, both over short windows (`TICK_S`; the step
-times over `MIN_STEPS` steps at least, never a single step, while a CPU
-reading that moved is acted on once a window's time has passed, however few
-the steps: contended steps can be long):
+Two signals choose the count: the step times over short windows (`TICK_S`
+and `MIN_STEPS` steps at least, never a single step), and the CPU reading,
+taken after any step every `READ_S` (contended steps can be long, and a
+2 s burst must not wait for a window of them):
 
 - `CpuUse`: the cores that other programs keep busy, from the system's CPU
   times minus this process's own (psutil; steal time counts, it is a core
@@ -24,7 +24,9 @@ the steps: contended steps can be long):
   (`CLEAR_CORE`), or to a partial one while the steps ran much slower than
   predicted (`SLOW_RATIO`: a spinning neighbour competing with our threads
   gets only 2/3 of a core on 2 cores, yet stalls every step), or leaves one
-  free, the count follows it at once, without
+  free, or rises by `RISE_CORES` with a step that ran much slower than
+  predicted (the reading that straddles a burst's start sees only part of
+  it: 0.3 of a core), the count follows it at once, without
   a trial: that window mixed two conditions, so nothing is a fair
   baseline, and a neighbour that comes and goes every few seconds must not
   wait two windows at each change. A move to a partial neighbour (the
@@ -64,7 +66,9 @@ MAX_HOLD_S = 60.0  # ... up to this
 MOVED_CORES = 0.5  # a reading this far from the last one means the window mixed two conditions
 GROW_SLACK = 0.3  # one more thread only when its core is at least 70% free
 CLEAR_CORE = 0.8  # a moved reading is followed at once to fewer threads only for neighbours this busy
-MIN_SAMPLE_S = 0.15  # CpuUse re-reads the counters at most this often
+MIN_SAMPLE_S = 0.08  # CpuUse re-reads the counters at most this often (a little under READ_S) ...
+READ_S = 0.1  # ... and the chooser reads it at most this often, after any step
+RISE_CORES = 0.25  # a reading this much higher, with a slow step, is a neighbour arriving
 
 
 class CpuUse:
@@ -155,6 +159,8 @@ class ThreadChooser:
         self._clock = clock
         self._cores = num_cores or os.cpu_count() or self.max_threads
         self._window_start = clock()
+        self._read_at = self._window_start  # the last CPU reading ...
+        self._latest = 0.0  # ... and what it said
         self._ratio_sum = 0.0
         self._num_steps = 0
         self._trial: _Trial | None = None
@@ -198,26 +204,24 @@ class ThreadChooser:
 
     def observe(self, measured_s: float, predicted_s: float) -> int:
         """One step that ran on `threads`; returns the count for the next."""
+        step_ratio = 0.0
         if predicted_s > 0 and 0 <= measured_s < math.inf:
-            self._ratio_sum += measured_s / predicted_s
+            step_ratio = measured_s / predicted_s
+            self._ratio_sum += step_ratio
             self._num_steps += 1
         now = self._clock()
-        if now - self._window_start < TICK_S:
+        if self._read_once and now - self._read_at >= READ_S and self._edge(now, step_ratio):
             return self.threads
-        if self._num_steps < MIN_STEPS:
-            # Too few steps to judge their times, but a window's worth of
-            # time: a neighbour that arrived or left still shows in the CPU
-            # reading. Contended steps are long (8 streams on 2 threads with
-            # one core taken: 0.4 s each), and waiting for three of them would
-            # lose most of a 2 s burst.
-            busy = self._busy()
-            if self._moved(busy):
-                slow = self._num_steps > 0 and self._ratio_sum / self._num_steps > SLOW_RATIO
-                self._follow_move(busy, now, slow=slow)
+        if now - self._window_start < TICK_S or self._num_steps < MIN_STEPS:
+            # Too few steps to judge their times (contended steps are long:
+            # 8 streams on 2 threads with one core taken, 0.4 s each); a
+            # neighbour that arrived or left is caught by `_edge` meanwhile.
+            if not self._read_once and now - self._window_start >= TICK_S:
+                self._reading(now)
             return self.threads
         ratio = self._ratio_sum / self._num_steps
         self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
-        busy = self._busy()
+        busy = self._reading(now) if now - self._read_at >= READ_S else self._latest
         if self._moved(busy):
             self._follow_move(busy, now, slow=ratio > SLOW_RATIO)
             return self.threads
@@ -233,11 +237,33 @@ class ThreadChooser:
             self._try(self.threads - 1, ratio, busy, now, suggested=False)
         return self.threads
 
+    def _reading(self, now: float) -> float:
+        self._read_at, self._latest = now, self._busy()
+        return self._latest
+
+    def _edge(self, now: float, step_ratio: float) -> bool:
+        """A fresh reading after any step (every `READ_S`), between windows: a
+        neighbour that arrived or left is followed within a step or two,
+        whatever the window. A reading that straddles the change shows only
+        part of it, so a rise of `RISE_CORES` counts as an arrival when the
+        step it came with ran much slower than predicted (a spinning
+        neighbour stalls every barrier of ours). True when it switched."""
+        busy = self._reading(now)
+        slow = step_ratio > SLOW_RATIO or (self._num_steps > 0 and self._ratio_sum / self._num_steps > SLOW_RATIO)
+        rose = busy - self.last_busy_elsewhere
+        if self._moved(busy):
+            self._follow_move(busy, now, slow=slow)
+            return True
+        if slow and rose >= RISE_CORES and self.threads > 1:
+            self._follow_move(busy, now, slow=True, at_least=1)
+            return True
+        return False
+
     def _moved(self, busy: float) -> bool:
         """The reading moved by `MOVED_CORES` or more since the last window."""
         return self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
 
-    def _follow_move(self, busy: float, now: float, *, slow: bool) -> None:
+    def _follow_move(self, busy: float, now: float, *, slow: bool, at_least: int = 0) -> None:
         """The neighbours changed (a build started, a burst ended). This window
         mixed two conditions, so it is no fair baseline for a trial. A
         neighbour that clearly holds (or left) a core is followed at once: one
@@ -248,11 +274,14 @@ class ThreadChooser:
         gets only its share of the cores, and stalls every step. A partial one
         whose steps kept their speed (a client parsing answers, a browser tab)
         is only a suggestion: the next, clean window starts a trial that the
-        step times judge."""
+        step times judge. `at_least`: threads to give up whatever the
+        reading suggests (a rising reading that saw only part of the change)."""
         self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
         self.last_busy_elsewhere = busy
         self._trial = None
         target = self.suggested(busy)
+        if at_least:
+            target = min(target, self.threads - at_least)
         if target > self.threads or self._clearly_free(busy) <= target or (slow and target < self.threads):
             self._switch(target)
 
