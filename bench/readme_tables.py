@@ -65,15 +65,21 @@ def multiturn() -> str:
     s = data["settings"]
     lines = [
         "| pair | later-turn TTFT p50 ms (localserve / llama-server) | llama-server / localserve | "
+        "answer s after the first token, later turns (localserve / llama-server) | "
         "wall s (localserve / llama-server) | llama-server / localserve | load before |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def answer_s(server: dict[str, Any]) -> str:
+        later = server.get("turn_decode_p50_ms", [])[1:]  # recorded since facd1f0
+        return f"{statistics.mean(later) / 1e3:.1f}" if later else "-"
+
     for i, p in enumerate(data["pairs"], start=1):
         ls, ll = p["localserve"], p["llama-server"]
         lines.append(
             f"| {i} | {ls['later_turn_ttft_p50_ms']:.0f} / {ll['later_turn_ttft_p50_ms']:.0f} | "
-            f"**{p['later_ttft_ratio']:.2f}x** | {ls['wall_s']:.1f} / {ll['wall_s']:.1f} | "
-            f"**{p['wall_ratio']:.2f}x** | {p['loadavg_before']} |"
+            f"**{p['later_ttft_ratio']:.2f}x** | {answer_s(ls)} / {answer_s(ll)} | "
+            f"{ls['wall_s']:.1f} / {ll['wall_s']:.1f} | **{p['wall_ratio']:.2f}x** | {p['loadavg_before']} |"
         )
     lines.append("")
     lines.append(
