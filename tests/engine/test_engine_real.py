@@ -272,7 +272,8 @@ async def test_adaptive_threads_switch_mid_stream_and_keep_greedy_output(
 
     flipping = Flipping()
     monkeypatch.setattr(worker_module, "shared_cpu_use", lambda: flipping)
-    monkeypatch.setattr(threads_module, "TICK_S", 0.0)  # a window per MIN_STEPS steps
+    monkeypatch.setattr(threads_module, "TICK_S", 0.0)  # a window per MIN_STEPS steps ...
+    monkeypatch.setattr(threads_module, "READ_S", 0.0)  # ... and a reading after every step
     monkeypatch.setattr(worker_module, "TRUSTED_AFTER_STEPS", 5)  # (the prompt and 4 decodes)
     monkeypatch.setattr(threads_module, "MARGIN", 100.0)  # keep every suggested switch: this is about the output
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
