@@ -40,7 +40,7 @@ def main():
     def run(chunks):  # list of (seq, start_pos, n)
         llama_cpp.llama_memory_clear(mem, True)
         # fill prefix positions first (not timed): for chunks starting at pos>0
-        for s, p0, n in chunks:
+        for s, p0, _n in chunks:
             pos = 0
             while pos < p0:
                 k = min(512, p0 - pos)
