@@ -98,6 +98,7 @@ def serve(
     home = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"guard-{label}-"))
     argv = [sys.executable, "-m", "localserve", "serve", "--port", str(port), "--model", MODEL_ID]
     argv += ["--threads", threads, "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size)]
+    argv += ["--log-level", args.log_level]
     env = {"PYTHONPATH": str(tree), "LOCALSERVE_HOME": home, **extra_env}
     log = CACHE / "logs" / f"guard-{label}.log"
     stack.enter_context(RunningServer(ServerSpec(label, argv, "/health"), port, log, env, cwd=tree))
@@ -185,6 +186,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--burst", default="2,2", help="bursty: seconds on, seconds off (default: 2,2)")
     add("--parallel", type=int, default=16, help="--parallel of both servers (default: 16)")
     add("--ctx-size", type=int, default=1024, help="--ctx-size of both servers (default: 1024)")
+    add(
+        "--log-level",
+        default="info",
+        help="--log-level of both servers; debug logs each thread switch and why (logs under ~/.cache/localserve-bench/logs)",
+    )
     add("--json", type=Path, default=None, help="also write the result here (e.g. bench/results/guard-X.json)")
     add("--max-wait-quiet", type=float, default=420.0, help="seconds to wait for a load below 0.5 (default: 420)")
     return parser.parse_args(argv)

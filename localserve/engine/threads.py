@@ -69,6 +69,7 @@ CLEAR_CORE = 0.8  # a moved reading is followed at once to fewer threads only fo
 MIN_SAMPLE_S = 0.08  # CpuUse re-reads the counters at most this often (a little under READ_S) ...
 READ_S = 0.1  # ... and the chooser reads it at most this often, after any step
 RISE_CORES = 0.25  # a reading this much higher, with a slow step, is a neighbour arriving
+IDLE_S = MIN_SAMPLE_S  # work after a pause this long starts a fresh reading (`resume`: CpuUse re-reads by then)
 
 
 class CpuUse:
@@ -153,6 +154,7 @@ class ThreadChooser:
         self.max_threads = max(1, max_threads)
         self.threads = self.max_threads
         self.switches = 0
+        self.why = ""  # what made the last switch (the step thread logs it)
         self.last_busy_elsewhere = 0.0
         self._read_once = False
         self._busy = busy_elsewhere
@@ -194,13 +196,30 @@ class ThreadChooser:
     def follow_reading(self) -> int:
         """The count the CPU reading alone suggests, read at most once a
         window: for work whose runs vary too much in size to judge a switch
-        by their times (the one-shot one-shot queue)."""
+        by their times (the one-shot queue, which reads before each run and so keeps reading across its pauses)."""
         now = self._clock()
         if now - self._window_start >= TICK_S:
             self._window_start = now
             self.last_busy_elsewhere = self._busy()
-            self._switch(self.suggested(self.last_busy_elsewhere))
+            self._switch(self.suggested(self.last_busy_elsewhere), f"CPU busy elsewhere {self.last_busy_elsewhere:.2f}")
         return self.threads
+
+    def resume(self, idle_s: float) -> None:
+        """Work starts again after `idle_s` without any. A reading that spans
+        the pause counts what other programs did while this model computed
+        nothing (another server's run, a page the user loaded) as if it
+        competed with the next steps: seen in `bench/guard.py`, where the
+        other server's run read as 1.9 cores busy and the first, longest step
+        of each run went to one thread. So the next reading starts here, and
+        the next window too; the count stays as it was (a neighbour that came
+        during the pause is seen after the first step, one that stayed was
+        already followed)."""
+        if idle_s < IDLE_S:
+            return
+        now = self._clock()
+        self._busy()  # CpuUse averages since its last reading: restart it now
+        self._read_at = now
+        self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
 
     def observe(self, measured_s: float, predicted_s: float) -> int:
         """One step that ran on `threads`; returns the count for the next."""
@@ -223,7 +242,7 @@ class ThreadChooser:
         self._ratio_sum, self._num_steps, self._window_start = 0.0, 0, now
         busy = self._reading(now) if now - self._read_at >= READ_S else self._latest
         if self._moved(busy):
-            self._follow_move(busy, now, slow=ratio > SLOW_RATIO)
+            self._follow_move(busy, now, slow=ratio > SLOW_RATIO, step_ratio=ratio)
             return self.threads
         self.last_busy_elsewhere, self._read_once = busy, True
         if self._trial is not None:
@@ -252,10 +271,10 @@ class ThreadChooser:
         slow = step_ratio > SLOW_RATIO or (self._num_steps > 0 and self._ratio_sum / self._num_steps > SLOW_RATIO)
         rose = busy - self.last_busy_elsewhere
         if self._moved(busy):
-            self._follow_move(busy, now, slow=slow)
+            self._follow_move(busy, now, slow=slow, step_ratio=step_ratio)
             return True
         if slow and rose >= RISE_CORES and self.threads > 1:
-            self._follow_move(busy, now, slow=True, at_least=1)
+            self._follow_move(busy, now, slow=True, at_least=1, step_ratio=step_ratio)
             return True
         return False
 
@@ -263,7 +282,7 @@ class ThreadChooser:
         """The reading moved by `MOVED_CORES` or more since the last window."""
         return self._read_once and abs(busy - self.last_busy_elsewhere) >= MOVED_CORES
 
-    def _follow_move(self, busy: float, now: float, *, slow: bool, at_least: int = 0) -> None:
+    def _follow_move(self, busy: float, now: float, *, slow: bool, at_least: int = 0, step_ratio: float = 0.0) -> None:
         """The neighbours changed (a build started, a burst ended). This window
         mixed two conditions, so it is no fair baseline for a trial. A
         neighbour that clearly holds (or left) a core is followed at once: one
@@ -283,7 +302,11 @@ class ThreadChooser:
         if at_least:
             target = min(target, self.threads - at_least)
         if target > self.threads or self._clearly_free(busy) <= target or (slow and target < self.threads):
-            self._switch(target)
+            self._switch(
+                target,
+                f"CPU busy elsewhere {'rose' if at_least else 'moved'} to {busy:.2f}"
+                + (f", steps slow ({step_ratio:.2f}x)" if slow else ""),
+            )
 
     def _try(self, target: int, ratio: float, busy: float, now: float, *, suggested: bool) -> None:
         key = (self.threads, target)
@@ -293,7 +316,8 @@ class ThreadChooser:
             if now < until and abs(busy - busy_then) < 1.0:
                 return
         self._trial = _Trial(self.threads, ratio, suggested)
-        self._switch(target)
+        why = f"CPU busy elsewhere {busy:.2f}" if suggested else f"steps {ratio:.2f}x predicted"
+        self._switch(target, f"trial: {why}")
 
     def _judge(self, trial: _Trial, ratio: float, busy: float, now: float) -> None:
         """Keep the switch, or undo it and hold it off for a while."""
@@ -308,9 +332,10 @@ class ThreadChooser:
         hold = self._hold_s.get(key, HOLD_S / 2) * 2
         self._hold_s[key] = min(MAX_HOLD_S, hold)
         self._held[key] = (now + self._hold_s[key], busy)
-        self._switch(trial.previous)
+        self._switch(trial.previous, f"trial undone: steps {ratio:.2f}x predicted, {trial.previous_ratio:.2f}x before")
 
-    def _switch(self, threads: int) -> None:
+    def _switch(self, threads: int, why: str) -> None:
         if threads != self.threads:
             self.threads = threads
             self.switches += 1
+            self.why = why

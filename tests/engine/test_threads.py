@@ -326,3 +326,42 @@ def test_a_bursty_neighbour_read_as_cpu_use_reads_it_is_followed_within_a_step_o
     machine.attach(2)
     share = bursts_straddling_steps(machine)
     assert share > 0.9, (streams, share)  # 0.84 at 8 streams when read once a window
+
+
+@pytest.mark.parametrize("resumes", [True, False])
+def test_cpu_another_program_used_while_this_model_idled_is_not_read_as_a_neighbour(resumes: bool) -> None:
+    """Runs alternate with another program's (bench/guard.py's two servers, a
+    page the user loads between two questions): while this model computes
+    nothing, the other takes both cores, and stops before the next run. A
+    reading across the pause said 1.9 cores busy, and the first step of each
+    run, the longest (its prompts), went to one thread. `resume` starts the
+    reading with the work: the runs keep both threads."""
+    machine = Machine(cores=2, base=0.144, averaged=True)
+    chooser = machine.attach(2)
+    machine.run(2.0)
+    ran_on: list[int] = []
+    for _ in range(5):
+        machine.used += 2.0 * 3.0  # the other program's run: both cores for 3 s, then it ends
+        machine.now += 3.0
+        if resumes:
+            chooser.resume(3.0)
+        machine.log.clear()
+        machine.run(1.5)
+        ran_on += machine.log
+    if resumes:
+        assert set(ran_on) == {2}
+        assert chooser.switches == 0
+    else:  # what the reading across the pause did: the first steps of every run on one thread
+        assert ran_on.count(1) >= 5
+
+
+def test_a_short_pause_keeps_the_reading_going() -> None:
+    """A pause shorter than `IDLE_S` (the next request of a closed loop) does
+    not restart anything: a neighbour read across it is still followed."""
+    machine = Machine(cores=2, base=0.144, averaged=True)
+    chooser = machine.attach(2)
+    machine.run(2.0)
+    machine.busy = 1.0
+    chooser.resume(threads_module.IDLE_S / 2)
+    machine.run(1.0)
+    assert chooser.threads == 1

@@ -152,8 +152,18 @@ class StepWorker:
             self.backend.clear_slots(range(self.scheduler.capacity.num_slots))
             # A sequence whose saved prefix is still being read from disk is no
             # work yet: the loop sleeps until the reader's _Wake (or a message).
-            while self._drain_inbox(block=not self.scheduler.has_ready_work()):
+            idle_from: float | None = None  # when the loop last ran out of ready work
+            while True:
+                ready = self.scheduler.has_ready_work()
+                if not ready and idle_from is None:
+                    idle_from = time.monotonic()
+                if not self._drain_inbox(block=not ready):
+                    break
                 if self.scheduler.has_ready_work():
+                    if idle_from is not None:
+                        if self.threads is not None:  # the CPU reading restarts with the work
+                            self.threads.resume(time.monotonic() - idle_from)
+                        idle_from = None
                     self._step()
                 # Before blocking on an empty inbox, publish the idle state, or
                 # readers would see finished requests as running.
@@ -292,7 +302,7 @@ class StepWorker:
                 log.exception("could not change the thread count of %s; it stays fixed", self._thread.name)
                 self.threads = None
             else:
-                log.debug("%s: %d -> %d threads", self._thread.name, before, after)
+                log.debug("%s: %d -> %d threads (%s)", self._thread.name, before, after, self.threads.why)
 
     def _running_request_ids(self) -> list[str]:
         ids = []
