@@ -13,11 +13,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONVERT_STAMP := $(VENV)/.installed-convert
 DEV_STAMP := $(VENV)/.installed-dev
-# llama.cpp is built from source for this machine's CPU (native: AVX-512
-# where present; on a 2-core AMD EPYC with AVX-512 it measured 1.00x / 0.89x a
-# portable -DGGML_NATIVE=OFF build at 1 / 16 sequences, bench/build_compare.py)
-# by scripts/llama_wheel.py, which keeps a build only
-# after it decodes the default model in a child process on this CPU. Native
+# llama.cpp is built from source for this machine's CPU by
+# scripts/llama_wheel.py, which keeps a build only
+# after it decodes the default model in a child process on this CPU. On x86
+# CPUs with AVX-512 it builds both native and portable (-DGGML_NATIVE=OFF,
+# AVX2) and keeps the faster decoder, timed there and then: portable / native
+# measured 1.00 / 1.12 at 1 / 16 sequences on a 2-core AMD EPYC with AVX-512
+# and 1.25 / 1.20 on a 2-core Intel Xeon (bench/build_compare.py). Native
 # builds leave out AMX: in llama-cpp-python 0.3.36 ggml's AMX kernels die with
 # SIGILL at the first decode on Xeons that report AMX, and no probe predicts it
 # (LOCALSERVE_TRY_AMX=1 tries AMX first, checked). A build that fails the check

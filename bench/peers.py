@@ -55,6 +55,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def llama_cpp_build() -> str:
+    """The instruction sets of the llama.cpp in localserve's venv: the install
+    keeps a native or a portable build, whichever decodes faster on an AVX-512
+    CPU (scripts/llama_wheel.py), and llama-server is built native."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.llama_server.exists():
@@ -86,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 "llama-server": server_version("llama-server", args),
             },
             "settings": f"--threads {args.threads} --parallel {args.parallel} --ctx-size {args.ctx_size}",
+            "localserve_llama_cpp": llama_cpp_build(),
         }
     )
     print("\n" + table(result))

@@ -54,7 +54,9 @@ def peers_llama_server() -> str:
     lines.append("")
     lines.append(
         f"Commit {data['commit']}, {data['started'][:10]}; {pairs} pairs per cell, `{data['settings']}`; "
-        f"{data['servers']['llama-server']}. Source: `bench/results/peers-llama-server.json`."
+        f"{data['servers']['llama-server']}"
+        + (f"; localserve's llama.cpp: {data['localserve_llama_cpp']}" if "localserve_llama_cpp" in data else "")
+        + ". Source: `bench/results/peers-llama-server.json`."
     )
     return "\n".join(lines)
 

@@ -11,7 +11,18 @@ on a signal or fails, the next build in line is tried:
    die with SIGILL at the first decode (upstream PR #26954), and no probe
    predicts it. AVX-512, VNNI and BF16 stay in. On a CPU without AMX the flags
    change nothing. `LOCALSERVE_TRY_AMX=1` tries the AMX build first (checked).
-2. portable (`-DGGML_NATIVE=OFF`).
+2. portable (`-DGGML_NATIVE=OFF`: AVX2, FMA, F16C).
+
+On an x86 CPU with AVX-512, where the two run different kernels, both are
+built and checked and the faster kept (`compares_builds`): each decodes
+in a child, alternately, `SPEED_ROUNDS` times (`selfcheck._speed_check`: 1
+and 16 sequences), and portable is kept when its median paired ratio is
+`FASTER_BY` or more. Which one wins depends on the CPU (raw
+`llama_decode` of SmolLM2, 2 threads, `bench/build_compare.py`):
+portable / native 1.00 at 1 sequence and 1.12 at 16 on an AMD EPYC with
+AVX-512, 1.25 and 1.20 on an Intel Xeon with AVX-512 and AMX
+(bench/results/build-compare*.json). That costs a second build (4-8
+minutes) on such CPUs, once.
 
 It prints one line saying which build it kept and why, and the wheel's path
 last on stdout. The wheelhouse key names everything that changes the
@@ -42,13 +53,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Bump when anything below changes what gets built (flags, variants, the check).
-RECIPE = 2
+#: Bump when anything below changes what gets built (flags, variants, the check, the choice).
+RECIPE = 3
 VERSION = "0.3.36"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 ROOT = Path(__file__).resolve().parent.parent
 SELFCHECK = ROOT / "localserve" / "backends" / "llamacpp" / "selfcheck.py"
 DEFAULT_WHEELHOUSE = Path.home() / ".cache" / "localserve" / "wheels"
+SPEED_ROUNDS = 3  # each compared build decodes this many times, alternating
+FASTER_BY = 1.03  # portable replaces a native build only when this much faster (median paired ratio)
 
 
 @dataclass(frozen=True)
@@ -138,10 +151,20 @@ def variants(inputs: Inputs) -> list[Variant]:
     return out
 
 
+def compares_builds(inputs: Inputs) -> bool:
+    """Whether `ensure` builds portable beside a native build that passed and
+    keeps the faster: x86 with AVX-512 (below it, native and portable run
+    much the same kernels), and nothing asked of the build (CMAKE_ARGS may
+    name a GPU backend, whose speed a CPU decode does not measure)."""
+    x86 = inputs.machine.lower() in ("x86_64", "amd64")
+    return x86 and "avx512f" in inputs.cpu_flags and not inputs.cmake_args.strip()
+
+
 # ---- building and checking -------------------------------------------------------------------------
 
 Builder = Callable[[Variant, Path, Path], Path]  # (variant, out_dir, log_file) -> the wheel
 Checker = Callable[[Path], "tuple[bool, str]"]  # wheel -> (ok, what happened)
+Timer = Callable[[Path], float]  # wheel -> decode tokens/s on this CPU (0: it did not run)
 
 
 def pip_build(variant: Variant, out_dir: Path, log_file: Path) -> Path:
@@ -167,13 +190,18 @@ def default_model() -> Path | None:
     return found[0] if found else None
 
 
-def wheel_checker(model: Path, selfcheck: Path = SELFCHECK) -> Checker:
-    """Unpack a wheel and run the decode check on `model` against it, in a child."""
+def _selfcheck_module(selfcheck: Path):  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("_localserve_selfcheck", selfcheck)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
+    return module
+
+
+def wheel_checker(model: Path, selfcheck: Path = SELFCHECK) -> Checker:
+    """Unpack a wheel and run the decode check on `model` against it, in a child."""
+    module = _selfcheck_module(selfcheck)
 
     def check(wheel: Path) -> tuple[bool, str]:
         install_requirements(wheel)
@@ -184,6 +212,40 @@ def wheel_checker(model: Path, selfcheck: Path = SELFCHECK) -> Checker:
         return verdict.ok, verdict.line() if not verdict.ok else verdict.detail
 
     return check
+
+
+def wheel_timer(model: Path, selfcheck: Path = SELFCHECK) -> Timer:
+    """Unpack a wheel and time decoding `model` with it, in a child (tokens/s)."""
+    module = _selfcheck_module(selfcheck)
+
+    def speed(wheel: Path) -> float:
+        with tempfile.TemporaryDirectory(prefix="llama-speed-") as unpacked:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(unpacked)
+            verdict = module.run_check(model, python_path=unpacked, script=selfcheck, speed=True)
+        if not verdict.ok:
+            say(f"timing {wheel.parent.name}/{wheel.name} failed: {verdict.line()}")
+            return 0.0
+        return float(json.loads(verdict.detail)["tok_s"])
+
+    return speed
+
+
+def compare_speeds(wheels: list[Path], time_wheel: Timer, rounds: int = SPEED_ROUNDS) -> list[list[float]]:
+    """Each wheel's tokens/s, `rounds` times, the order alternating round by
+    round (A B, B A, ...) so that the machine's drift falls on both."""
+    speeds: list[list[float]] = [[] for _ in wheels]
+    for r in range(rounds):
+        order = list(range(len(wheels)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            speeds[i].append(time_wheel(wheels[i]))
+    return speeds
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def install_requirements(wheel: Path) -> None:
@@ -212,10 +274,14 @@ def say(message: str) -> None:
     print(f"llama_wheel: {message}", file=sys.stderr, flush=True)
 
 
-def ensure(inputs: Inputs, wheelhouse: Path, build: Builder, check: Checker | None) -> Path:
+def ensure(
+    inputs: Inputs, wheelhouse: Path, build: Builder, check: Checker | None, time_wheel: Timer | None = None
+) -> Path:
     """The checked wheel for `inputs`: reused if this key has one, else built
     variant by variant until one passes `check` (None: no model to check with;
-    the first build is kept and that is said)."""
+    the first build is kept and that is said). Where `compares_builds` and
+    `time_wheel` is given, portable is built and checked too, and the faster
+    of the two kept."""
     home = wheelhouse / f"llama-cpp-python-{VERSION}-{wheel_key(inputs)}"
     record = home / "kept.json"
     if record.is_file():
@@ -225,12 +291,17 @@ def ensure(inputs: Inputs, wheelhouse: Path, build: Builder, check: Checker | No
             say(f"reusing the {kept['variant']} build ({kept['why']}): {wheel}")
             return wheel
     home.mkdir(parents=True, exist_ok=True)
-    failures = []
+    compare = time_wheel is not None and compares_builds(inputs)
+    failures: list[str] = []
+    passed: list[tuple[Variant, Path, str]] = []  # (variant, wheel under home/<variant>/, the check's detail)
     for variant in variants(inputs):
+        if passed and not (compare and variant.name == "portable"):
+            break
         with tempfile.TemporaryDirectory(prefix="llama-wheel-", dir=home) as tmp:
+            more = " (to compare with the native one: this CPU has AVX-512)" if passed else ""
             say(
                 f"building llama-cpp-python {VERSION} ({variant.name}: CMAKE_ARGS='{variant.cmake_args}' "
-                f"CFLAGS='{variant.cflags}'); 4-8 minutes on 2 cores, log in {home}/build-{variant.name}.log"
+                f"CFLAGS='{variant.cflags}'){more}; 4-8 minutes on 2 cores, log in {home}/build-{variant.name}.log"
             )
             built = build(variant, Path(tmp), home / f"build-{variant.name}.log")
             ok, detail = check(built) if check else (True, "not checked: no model to decode with")
@@ -238,13 +309,35 @@ def ensure(inputs: Inputs, wheelhouse: Path, build: Builder, check: Checker | No
                 failures.append(f"{variant.name} {detail}")
                 say(f"the {variant.name} build does not run here: {detail}")
                 continue
-            wheel = home / built.name
+            (home / variant.name).mkdir(exist_ok=True)
+            wheel = home / variant.name / built.name
             shutil.move(str(built), wheel)
-        why = variant.why if not failures else f"{variant.why}: {'; '.join(failures)}"
-        record.write_text(json.dumps({"variant": variant.name, "why": why, "wheel": wheel.name, "check": detail}))
-        print(f"llama.cpp: kept the {variant.name} build ({why})", file=sys.stderr, flush=True)
-        return wheel
-    raise SystemExit(f"llama_wheel: no build of llama-cpp-python runs on this machine ({'; '.join(failures)})")
+        passed.append((variant, wheel, detail))
+    if not passed:
+        raise SystemExit(f"llama_wheel: no build of llama-cpp-python runs on this machine ({'; '.join(failures)})")
+    variant, wheel, detail = passed[0]
+    why = variant.why if not failures else f"{variant.why}: {'; '.join(failures)}"
+    speeds: dict[str, list[float]] = {}
+    if len(passed) == 2 and time_wheel is not None:
+        say(f"timing the two builds' decoding, {SPEED_ROUNDS} rounds each")
+        measured = compare_speeds([w for _, w, _ in passed], time_wheel)
+        speeds = {v.name: runs for (v, _, _), runs in zip(passed, measured, strict=True)}
+        ratio = _median([b / a if a > 0 else (float("inf") if b > 0 else 1.0) for a, b in zip(*measured, strict=True)])
+        first = variant.name
+        if ratio >= FASTER_BY:
+            variant, wheel, detail = passed[1]
+            why = f"it decodes {ratio:.2f}x as fast as the {first} build on this CPU"
+        else:
+            why = f"{why}; the portable build decoded {ratio:.2f}x as fast"
+    kept_wheel = home / wheel.name
+    shutil.move(str(wheel), kept_wheel)
+    for other, _, _ in passed:
+        shutil.rmtree(home / other.name, ignore_errors=True)
+    record.write_text(
+        json.dumps({"variant": variant.name, "why": why, "wheel": kept_wheel.name, "check": detail, "tok_s": speeds})
+    )
+    print(f"llama.cpp: kept the {variant.name} build ({why})", file=sys.stderr, flush=True)
+    return kept_wheel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = args.model or default_model()
     checker = wheel_checker(model) if model else None
-    print(ensure(inputs, args.wheelhouse, pip_build, checker))
+    timer = wheel_timer(model) if model else None
+    print(ensure(inputs, args.wheelhouse, pip_build, checker, timer))
     return 0
 
 

@@ -149,6 +149,81 @@ def test_a_build_that_dies_in_the_check_falls_back_and_is_never_reused(tmp_path,
     assert again != wheel and built == ["native-no-amx", "portable", "native-no-amx", "portable"]
 
 
+def test_builds_are_compared_only_on_x86_with_avx512_and_nothing_asked():
+    xeon = llama_wheel.Inputs(cpu_flags=("amx_tile", "avx2", "avx512f"), machine="x86_64")
+    assert llama_wheel.compares_builds(xeon)
+    assert not llama_wheel.compares_builds(replace(xeon, cpu_flags=("avx2", "fma")))  # AVX2 only
+    assert not llama_wheel.compares_builds(replace(xeon, cmake_args="-DGGML_CUDA=on"))  # a GPU build asked
+    assert not llama_wheel.compares_builds(replace(xeon, machine="aarch64", cpu_flags=("asimd",)))
+
+
+def _comparing(tmp_path: Path, tok_s: dict[str, list[float]], cpu_flags: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """ensure() with stand-in builds that pass the check and scripted speeds per variant."""
+    built: list[str] = []
+    timed: list[str] = []
+
+    def build(variant, out_dir: Path, log_file: Path) -> Path:  # type: ignore[no-untyped-def]
+        built.append(variant.name)
+        wheel = out_dir / f"llama_cpp_python-{llama_wheel.VERSION}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("llama_cpp/__init__.py", f"BUILD = {variant.name!r}\n")
+        return wheel
+
+    def time_wheel(wheel: Path) -> float:
+        name = wheel.parent.name  # ensure keeps a compared build under home/<variant>/
+        timed.append(name)
+        return tok_s[name][sum(t == name for t in timed) - 1]
+
+    inputs = llama_wheel.Inputs(cpu_flags=cpu_flags, machine="x86_64")
+    wheel = llama_wheel.ensure(inputs, tmp_path, build, lambda w: (True, "decodes"), time_wheel)
+    return wheel, built, timed
+
+
+def test_on_avx512_the_faster_of_native_and_portable_is_kept(tmp_path, capsys):
+    """Both builds pass the check; they decode alternately (A B, B A, A B)
+    and the one faster by the median paired ratio is kept, with the figures
+    in kept.json and one line saying why. The loser is removed."""
+    flags = ("amx_tile", "avx512f")
+    speeds = {"native-no-amx": [60.0, 61.0, 95.0], "portable": [75.0, 74.0, 100.0]}
+    wheel, built, timed = _comparing(tmp_path / "a", speeds, flags)
+    assert built == ["native-no-amx", "portable"]
+    assert timed == ["native-no-amx", "portable", "portable", "native-no-amx", "native-no-amx", "portable"]
+    kept = json.loads((wheel.parent / "kept.json").read_text())
+    assert kept["variant"] == "portable" and "1.21x as fast as the native-no-amx build" in kept["why"]
+    assert kept["tok_s"] == speeds
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("llama_cpp/__init__.py") == b"BUILD = 'portable'\n"
+    assert sorted(p.name for p in wheel.parent.iterdir() if p.is_dir()) == []  # both build folders gone
+    assert f"llama.cpp: kept the portable build ({kept['why']})" in capsys.readouterr().err
+
+    # Within FASTER_BY the native build stays (it is the CPU's own), and the figure is said.
+    close = {"native-no-amx": [100.0, 100.0, 100.0], "portable": [102.0, 101.0, 104.0]}
+    wheel, built, _ = _comparing(tmp_path / "b", close, flags)
+    kept = json.loads((wheel.parent / "kept.json").read_text())
+    assert kept["variant"] == "native-no-amx" and "the portable build decoded 1.02x as fast" in kept["why"]
+
+    # Without AVX-512 nothing is compared: one build, no timing.
+    wheel, built, timed = _comparing(tmp_path / "c", speeds, ("avx2",))
+    assert built == ["native-no-amx"] and timed == []
+    assert json.loads((wheel.parent / "kept.json").read_text())["variant"] == "native-no-amx"
+
+
+@pytest.mark.slow
+def test_the_speed_run_times_the_real_library(tmp_path, smollm2_path):
+    """The timing child decodes 1 and 16 sequences with the real library and
+    reports tokens/s; the recipe's timer runs it from an unpacked wheel."""
+    verdict = selfcheck.run_check(smollm2_path, speed=True)
+    assert verdict.ok, verdict
+    result = json.loads(verdict.detail)
+    assert set(result["by_sequences"]) == {"1", "16"} and all(v > 0 for v in result["by_sequences"].values())
+    assert result["tok_s"] == pytest.approx((result["by_sequences"]["1"] * result["by_sequences"]["16"]) ** 0.5, 0.01)
+    wheel = stand_in_wheel(tmp_path, dies=False)
+    assert llama_wheel.wheel_timer(smollm2_path)(wheel) > 0
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    assert llama_wheel.wheel_timer(smollm2_path)(stand_in_wheel(broken, dies=True)) == 0.0  # it did not run
+
+
 # ---- the runtime check (serve, run, batch run) ---------------------------------------------------
 
 

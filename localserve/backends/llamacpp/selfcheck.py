@@ -60,15 +60,18 @@ def run_check(
     python_path: str | None = None,
     threads: int = 0,
     script: Path | None = None,
+    speed: bool = False,
 ) -> Verdict:
     """Run the decode check in a child process (`embeddings`: the model is an
     embeddings model, so it is run as one). `python_path` is put first on the
     child's PYTHONPATH (an unpacked wheel); `script` replaces this file (tests
-    put a stand-in that dies the way a broken build does). No core is dumped."""
+    put a stand-in that dies the way a broken build does). No core is dumped.
+    `speed`: time decoding instead (`_speed_check`; the wheel recipe compares
+    two builds with it); the verdict's detail is then its JSON line."""
     env = dict(os.environ)
     if python_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (python_path, env.get("PYTHONPATH", "")) if p)
-    mode = "embed" if embeddings else "generate"
+    mode = "speed" if speed else "embed" if embeddings else "generate"
     command = [
         sys.executable,
         str(script or Path(__file__)),
@@ -185,6 +188,8 @@ def _decode_check(model_path: str, threads: int, mode: str = "generate") -> str:
 
     if mode == "embed":
         return _embed_check(model_path, threads)
+    if mode == "speed":
+        return _speed_check(model_path, threads)
 
     model = _load(model_path)
     n_seqs, n_ctx_seq = 8, 128
@@ -233,6 +238,56 @@ def _decode_check(model_path: str, threads: int, mode: str = "generate") -> str:
     llama_cpp.llama_model_free(model)
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     return f"decoded 1 and {n_seqs} sequences with {threads} threads; {info}"
+
+
+def _speed_check(model_path: str, threads: int, steps_1: int = 48, steps_16: int = 16) -> str:
+    """Decode speed on the CPU, as serving decodes: one sequence, then 16
+    together (each with its own KV stream), one token each a step with
+    logits. Prints JSON: tokens/s at 1 and 16 sequences and their geometric
+    mean (`tok_s`), the score that `scripts/llama_wheel.py` compares builds by."""
+    import time
+
+    import llama_cpp
+
+    model = _load(model_path)
+    n_seqs, n_ctx_seq = 16, 128
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch, cparams.n_seq_max = n_seqs * n_ctx_seq, 512, n_seqs
+    cparams.kv_unified = False
+    cparams.n_threads = cparams.n_threads_batch = threads
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        raise SystemExit("llama.cpp could not create a context")
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    text = _PROMPT.encode()
+    tokens = (llama_cpp.llama_token * 64)()
+    n_prompt = min(llama_cpp.llama_tokenize(vocab, text, len(text), tokens, 64, True, False), 24)
+    if n_prompt <= 0:
+        raise SystemExit("the tokenizer returned no tokens")
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+
+    def decode(items: list[tuple[int, int, int]], logits: bool) -> None:
+        batch.n_tokens = len(items)
+        for i, (token, pos, seq) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, int(logits)
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+
+    decode([(tokens[p], p, s) for s in range(n_seqs) for p in range(n_prompt)], logits=False)
+    tok_s = {}
+    for count, steps in ((1, steps_1), (n_seqs, steps_16)):
+        started = time.perf_counter()
+        for step in range(steps):
+            decode([(tokens[step % n_prompt], n_prompt + step, s) for s in range(count)], logits=True)
+        tok_s[str(count)] = round(count * steps / (time.perf_counter() - started), 2)
+        for s in range(count):  # back to the prompt, so both counts decode at the same positions
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), s, n_prompt, -1)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    score = round((tok_s["1"] * tok_s[str(n_seqs)]) ** 0.5, 2)
+    return json.dumps({"tok_s": score, "by_sequences": tok_s, "threads": threads})
 
 
 def _load(model_path: str):  # type: ignore[no-untyped-def]
