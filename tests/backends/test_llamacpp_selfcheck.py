@@ -180,16 +180,17 @@ def _comparing(tmp_path: Path, tok_s: dict[str, list[float]], cpu_flags: tuple[s
 
 
 def test_on_avx512_the_faster_of_native_and_portable_is_kept(tmp_path, capsys):
-    """Both builds pass the check; they decode alternately (A B, B A, A B)
-    and the one faster by the median paired ratio is kept, with the figures
-    in kept.json and one line saying why. The loser is removed."""
+    """Both builds pass the check; they decode alternately (A B, B A, ...)
+    and the one faster by the median paired ratio, in all rounds but one at
+    most, is kept, with the figures in kept.json and one line saying why.
+    The loser is removed."""
     flags = ("amx_tile", "avx512f")
-    speeds = {"native-no-amx": [60.0, 61.0, 95.0], "portable": [75.0, 74.0, 100.0]}
+    speeds = {"native-no-amx": [60.0, 61.0, 95.0, 60.0, 62.0], "portable": [75.0, 74.0, 100.0, 75.0, 76.0]}
     wheel, built, timed = _comparing(tmp_path / "a", speeds, flags)
     assert built == ["native-no-amx", "portable"]
-    assert timed == ["native-no-amx", "portable", "portable", "native-no-amx", "native-no-amx", "portable"]
+    assert timed == ["native-no-amx", "portable", "portable", "native-no-amx"] * 2 + ["native-no-amx", "portable"]
     kept = json.loads((wheel.parent / "kept.json").read_text())
-    assert kept["variant"] == "portable" and "1.21x as fast as the native-no-amx build" in kept["why"]
+    assert kept["variant"] == "portable" and "1.23x as fast as the native-no-amx build" in kept["why"]
     assert kept["tok_s"] == speeds
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read("llama_cpp/__init__.py") == b"BUILD = 'portable'\n"
@@ -197,10 +198,16 @@ def test_on_avx512_the_faster_of_native_and_portable_is_kept(tmp_path, capsys):
     assert f"llama.cpp: kept the portable build ({kept['why']})" in capsys.readouterr().err
 
     # Within FASTER_BY the native build stays (it is the CPU's own), and the figure is said.
-    close = {"native-no-amx": [100.0, 100.0, 100.0], "portable": [102.0, 101.0, 104.0]}
+    close = {"native-no-amx": [100.0] * 5, "portable": [102.0, 101.0, 104.0, 101.0, 103.0]}
     wheel, built, _ = _comparing(tmp_path / "b", close, flags)
     kept = json.loads((wheel.parent / "kept.json").read_text())
     assert kept["variant"] == "native-no-amx" and "the portable build decoded 1.02x as fast" in kept["why"]
+
+    # Faster by the median but slower in two rounds (a drifting host): native stays.
+    split = {"native-no-amx": [100.0] * 5, "portable": [120.0, 90.0, 120.0, 90.0, 120.0]}
+    wheel, built, _ = _comparing(tmp_path / "d", split, flags)
+    kept = json.loads((wheel.parent / "kept.json").read_text())
+    assert kept["variant"] == "native-no-amx" and "1.20x as fast (rounds 0.90 / 0.90 / 1.20" in kept["why"]
 
     # Without AVX-512 nothing is compared: one build, no timing.
     wheel, built, timed = _comparing(tmp_path / "c", speeds, ("avx2",))

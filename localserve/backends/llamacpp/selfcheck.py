@@ -240,7 +240,7 @@ def _decode_check(model_path: str, threads: int, mode: str = "generate") -> str:
     return f"decoded 1 and {n_seqs} sequences with {threads} threads; {info}"
 
 
-def _speed_check(model_path: str, threads: int, steps_1: int = 48, steps_16: int = 16) -> str:
+def _speed_check(model_path: str, threads: int, steps_1: int = 96, steps_16: int = 32) -> str:
     """Decode speed on the CPU, as serving decodes: one sequence, then 16
     together (each with its own KV stream), one token each a step with
     logits. Prints JSON: tokens/s at 1 and 16 sequences and their geometric
