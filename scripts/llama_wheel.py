@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Bump when anything below changes what gets built (flags, variants, the check, the choice).
-RECIPE = 3
+RECIPE = 4
 VERSION = "0.3.36"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 ROOT = Path(__file__).resolve().parent.parent
