@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localserve.backends.kv_types import check_kv_types, kv_bytes_scale
+from localserve.backends.kv_types import SCORES_CAP_BYTES, check_kv_types, kv_bytes_scale, resolve_flash_attn
 from localserve.backends.llamacpp.backend import LlamaCppBackend, LlamaCppConfig
 from localserve.config import ServerSettings
 from localserve.errors import InvalidRequestError
@@ -29,6 +29,34 @@ def test_a_quantized_v_cache_without_flash_attention_is_refused() -> None:
         check_kv_types("f16", "q4_0", "off")
     with pytest.raises(ValueError, match="unknown KV cache type"):
         check_kv_types("q3_k", "f16", "auto")
+
+
+def test_auto_flash_attention_is_off_on_the_cpu_where_it_can_be() -> None:
+    small = 512 * 1024 * 9 * 4  # SmolLM2's scores for one micro-batch of 512 over 1024 cells
+    assert resolve_flash_attn("auto", on_cpu=True, type_v="f16", scores_bytes=small) == "off"
+    assert resolve_flash_attn("auto", on_cpu=False, type_v="f16", scores_bytes=small) == "auto"  # a GPU: llama.cpp's
+    assert resolve_flash_attn("auto", on_cpu=True, type_v="q8_0", scores_bytes=small) == "auto"  # needed
+    assert resolve_flash_attn("auto", on_cpu=True, type_v="f16", scores_bytes=SCORES_CAP_BYTES + 1) == "auto"
+    for given in ("on", "off"):  # the user's word wins
+        assert resolve_flash_attn(given, on_cpu=True, type_v="f16", scores_bytes=small) == given
+        assert resolve_flash_attn(given, on_cpu=False, type_v="f16", scores_bytes=small) == given
+
+
+@pytest.mark.parametrize(("mode", "resolved"), [("auto", "off"), ("on", "on")])
+def test_a_cpu_model_resolves_flash_attention_and_answers(smollm2_path: Path, mode: str, resolved: str) -> None:
+    """The real load: on the CPU `auto` opens the context without flash
+    attention, the saved-KV identity names what was opened (a V cache laid
+    out for one is not restored into the other), and greedy text is right."""
+    config = LlamaCppConfig(str(smollm2_path), n_ctx=256, num_slots=2, step_tokens=256, n_threads=2, flash_attn=mode)
+    backend = LlamaCppBackend(config)
+    try:
+        assert backend._flash_attn == resolved
+        assert f"|fa={resolved}|" in (backend.kv_state_identity() or "")
+        tok = backend.tokenizer()
+        text = tok.decode(greedy_continue(backend, tok.encode("The capital of France is", add_special=False), 5))
+        assert "Paris" in text
+    finally:
+        backend.close()
 
 
 def test_the_plan_accounts_for_the_cache_type(smollm2_path: Path) -> None:

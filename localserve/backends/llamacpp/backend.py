@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 
 from localserve.backends.constraints import GrammarMatcher, think_budget
-from localserve.backends.kv_types import KV_CACHE_TYPES
+from localserve.backends.kv_types import KV_CACHE_TYPES, resolve_flash_attn
 from localserve.backends.llamacpp.devices import init_llama, load_model, warm_up
 from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.kv_state import KvEdits, apply_kv_ops, library_build
@@ -71,7 +71,7 @@ class LlamaCppConfig:
     n_gpu_layers: int = -1  # on a GPU: layers to offload, -1 all
     cache_type_k: str = "f16"  # KV cache element types (kv_types.KV_CACHE_TYPES); a quantized V needs flash attention
     cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # auto | on | off
+    flash_attn: str = "auto"  # auto | on | off; auto is off on the CPU (kv_types.resolve_flash_attn)
     draft_model_path: str = ""  # a smaller GGUF of the same vocabulary that drafts tokens (--draft-model)
 
 
@@ -85,6 +85,7 @@ class LlamaCppBackend(GenerativeBackend):
     _batch: llama_cpp.llama_batch | None
     _capacity: Capacity
     _split_kv: bool  # a KV stream per slot (else one pool the slots share)
+    _flash_attn: str  # config.flash_attn resolved for this model's device (kv_types.resolve_flash_attn)
     _n_ctx_train: int
 
     def __init__(self, config: LlamaCppConfig) -> None:
@@ -138,7 +139,14 @@ class LlamaCppBackend(GenerativeBackend):
         params.no_perf = True
         params.type_k = KV_CACHE_TYPES[config.cache_type_k][0]
         params.type_v = KV_CACHE_TYPES[config.cache_type_v][0]
-        params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
+        n_kv_seq = kv_size // num_slots if not unified else kv_size  # KV cells one sequence's attention spans
+        self._flash_attn = resolve_flash_attn(
+            config.flash_attn,
+            on_cpu=self._device == "CPU" or config.n_gpu_layers == 0,
+            type_v=config.cache_type_v,
+            scores_bytes=params.n_ubatch * n_kv_seq * max(1, llama_cpp.llama_model_n_head(model)) * 4,
+        )
+        params.flash_attn_type = _FLASH_ATTN[self._flash_attn]
         ctx = self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             hint = "lower --ctx-size or --parallel"
@@ -147,6 +155,8 @@ class LlamaCppBackend(GenerativeBackend):
             raise LocalServeError(
                 f"llama.cpp could not create a context of {kv_size} KV tokens x {num_slots} sequences; {hint}"
             )
+        if self._flash_attn != config.flash_attn:
+            log.debug("%s: flash attention %s (%s)", Path(config.model_path).name, self._flash_attn, config.flash_attn)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(config.step_tokens, 0, 1)
         self._split_kv = not params.kv_unified
@@ -172,6 +182,7 @@ class LlamaCppBackend(GenerativeBackend):
             unified=not self._split_kv,
             step_tokens=config.step_tokens,
             threads=self._threads,
+            flash_attn=_FLASH_ATTN[self._flash_attn],
             device=config.device,
             n_gpu_layers=config.n_gpu_layers,
         )
@@ -232,7 +243,7 @@ class LlamaCppBackend(GenerativeBackend):
         layout = "streams" if self._split_kv else "pool"
         return (
             f"{Path(config.model_path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|k={config.cache_type_k}|"
-            f"v={config.cache_type_v}|fa={config.flash_attn}|{layout}|lib={library_build()}"
+            f"v={config.cache_type_v}|fa={self._flash_attn}|{layout}|lib={library_build()}"
         )
 
     def execute(self, batch: StepPlan) -> StepResult:

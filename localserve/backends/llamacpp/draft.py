@@ -58,6 +58,7 @@ class DraftModel:
         threads: int,
         device: str,
         n_gpu_layers: int,
+        flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     ) -> None:
         self.path = path
         model, self.device = load_model(path, device, n_gpu_layers)
@@ -73,6 +74,7 @@ class DraftModel:
             params.n_ubatch = min(step_tokens, 512)
             params.n_threads = params.n_threads_batch = threads
             params.no_perf = True
+            params.flash_attn_type = flash_attn  # the target's choice (kv_types.resolve_flash_attn)
             self._ctx = llama_cpp.llama_init_from_model(model, params)
             if not self._ctx:
                 raise LocalServeError(f"llama.cpp could not create a context for the draft model {path}")
