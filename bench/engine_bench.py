@@ -54,6 +54,7 @@ def raw_decode_tps(model_path: str, n_seqs: int, n_prompt: int, n_gen: int, thre
     cparams.kv_unified = n_seqs == 1  # one KV stream per sequence, as llama-server and our backend
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.no_perf = True
+    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as the backend opens a CPU model
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
 

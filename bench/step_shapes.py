@@ -1,5 +1,5 @@
 """The cost of one llama_decode by batch shape, on the backend's context (16
-split KV streams of 1024, 2 threads, SmolLM2): prompt chunks of one or
+split KV streams of 1024, 2 threads, no flash attention, SmolLM2): prompt chunks of one or
 several sequences, and decode steps of 1-16 sequences at position 350.
 Median of 3 runs per shape, in ms per token. Run on a quiet machine.
 
@@ -33,6 +33,7 @@ def main():
     cp.kv_unified = False
     cp.n_threads = cp.n_threads_batch = 2
     cp.no_perf = True
+    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as the backend opens a CPU model
     ctx = llama_cpp.llama_init_from_model(model, cp)
     mem = llama_cpp.llama_get_memory(ctx)
     batch = llama_cpp.llama_batch_init(NB, 0, 1)
