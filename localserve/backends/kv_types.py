@@ -40,10 +40,12 @@ def check_kv_types(type_k: str, type_v: str, flash_attn: str) -> None:
         raise ValueError(f"a quantized V cache ({type_v}) needs flash attention: use --flash-attn on or auto")
 
 
-def resolve_flash_attn(mode: str, *, on_cpu: bool, type_v: str, scores_bytes: int) -> str:
+def resolve_flash_attn(mode: str, *, on_cpu: bool, own_cells: bool, type_v: str, scores_bytes: int) -> str:
     """What `--flash-attn` means for one model: `on` and `off` as given;
-    `auto` is off for a model whose layers run on the CPU and llama.cpp's
-    `auto` (on where the device supports it) elsewhere.
+    `auto` is off for a model whose layers run on the CPU in a context where
+    each sequence attends over its own KV cells only (`own_cells`: a KV
+    stream per sequence, or one sequence), and llama.cpp's `auto` (on where
+    the device supports it) elsewhere.
 
     On the CPU, llama.cpp's flash-attention kernel (0.3.36) walks the KV cells
     one at a time per query row, while the plain path multiplies matrices.
@@ -52,12 +54,17 @@ def resolve_flash_attn(mode: str, *, on_cpu: bool, type_v: str, scores_bytes: in
     decoding at position 350, 8.9 / 6.1 (at 700: 13.9 / 7.2); one sequence
     17.5 / 11.5; a prompt chunk 7.9 / 3.7. Only within the first ~100 tokens
     is it ahead (up to 15% at position 50), where a step is cheap anyway.
-    It stays on where it is needed: a quantized V cache, and a context whose
+    In one pool the sequences share, the plain path multiplies over every
+    sequence's cells (masked) where the kernel skips the others': 8 sequences
+    of 700 in a pool of 8192, a prompt chunk took 9.3 ms a token without it
+    against 4.5 with it (decoding 8: 12.8 against 16.2;
+    bench/results/flash-attn-pool.json), so there it stays on.
+    It also stays on where it is needed: a quantized V cache, and a context whose
     attention scores would take more than SCORES_CAP_BYTES without it (long
     contexts of wide models).
     """
     if mode != "auto":
         return mode
-    if on_cpu and type_v in UNQUANTIZED and scores_bytes <= SCORES_CAP_BYTES:
+    if on_cpu and own_cells and type_v in UNQUANTIZED and scores_bytes <= SCORES_CAP_BYTES:
         return "off"
     return "auto"

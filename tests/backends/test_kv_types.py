@@ -33,21 +33,28 @@ def test_a_quantized_v_cache_without_flash_attention_is_refused() -> None:
 
 def test_auto_flash_attention_is_off_on_the_cpu_where_it_can_be() -> None:
     small = 512 * 1024 * 9 * 4  # SmolLM2's scores for one micro-batch of 512 over 1024 cells
-    assert resolve_flash_attn("auto", on_cpu=True, type_v="f16", scores_bytes=small) == "off"
-    assert resolve_flash_attn("auto", on_cpu=False, type_v="f16", scores_bytes=small) == "auto"  # a GPU: llama.cpp's
-    assert resolve_flash_attn("auto", on_cpu=True, type_v="q8_0", scores_bytes=small) == "auto"  # needed
-    assert resolve_flash_attn("auto", on_cpu=True, type_v="f16", scores_bytes=SCORES_CAP_BYTES + 1) == "auto"
+    cpu = {"on_cpu": True, "own_cells": True}
+    assert resolve_flash_attn("auto", **cpu, type_v="f16", scores_bytes=small) == "off"
+    assert resolve_flash_attn("auto", on_cpu=False, own_cells=True, type_v="f16", scores_bytes=small) == "auto"  # GPU
+    assert resolve_flash_attn("auto", on_cpu=True, own_cells=False, type_v="f16", scores_bytes=small) == "auto"  # pool
+    assert resolve_flash_attn("auto", **cpu, type_v="q8_0", scores_bytes=small) == "auto"  # needed
+    assert resolve_flash_attn("auto", **cpu, type_v="f16", scores_bytes=SCORES_CAP_BYTES + 1) == "auto"
     for given in ("on", "off"):  # the user's word wins
-        assert resolve_flash_attn(given, on_cpu=True, type_v="f16", scores_bytes=small) == given
-        assert resolve_flash_attn(given, on_cpu=False, type_v="f16", scores_bytes=small) == given
+        assert resolve_flash_attn(given, **cpu, type_v="f16", scores_bytes=small) == given
+        assert resolve_flash_attn(given, on_cpu=False, own_cells=False, type_v="f16", scores_bytes=small) == given
 
 
-@pytest.mark.parametrize(("mode", "resolved"), [("auto", "off"), ("on", "on")])
-def test_a_cpu_model_resolves_flash_attention_and_answers(smollm2_path: Path, mode: str, resolved: str) -> None:
-    """The real load: on the CPU `auto` opens the context without flash
-    attention, the saved-KV identity names what was opened (a V cache laid
-    out for one is not restored into the other), and greedy text is right."""
-    config = LlamaCppConfig(str(smollm2_path), n_ctx=256, num_slots=2, step_tokens=256, n_threads=2, flash_attn=mode)
+@pytest.mark.parametrize(("mode", "kv_size", "resolved"), [("auto", 0, "off"), ("on", 0, "on"), ("auto", 256, "auto")])
+def test_a_cpu_model_resolves_flash_attention_and_answers(
+    smollm2_path: Path, mode: str, kv_size: int, resolved: str
+) -> None:
+    """The real load: on the CPU `auto` opens a context of a KV stream per
+    slot without flash attention, one pool the slots share with llama.cpp's
+    auto; the saved-KV identity names what was opened (a V cache laid out for
+    one is not restored into the other), and greedy text is right."""
+    config = LlamaCppConfig(
+        str(smollm2_path), n_ctx=256, num_slots=2, kv_size=kv_size, step_tokens=256, n_threads=2, flash_attn=mode
+    )
     backend = LlamaCppBackend(config)
     try:
         assert backend._flash_attn == resolved

@@ -143,6 +143,7 @@ class LlamaCppBackend(GenerativeBackend):
         self._flash_attn = resolve_flash_attn(
             config.flash_attn,
             on_cpu=self._device == "CPU" or config.n_gpu_layers == 0,
+            own_cells=not unified or num_slots == 1,
             type_v=config.cache_type_v,
             scores_bytes=params.n_ubatch * n_kv_seq * max(1, llama_cpp.llama_model_n_head(model)) * 4,
         )
