@@ -105,6 +105,7 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
         threads=values["threads"],
         device=values["device"],
         n_gpu_layers=values["n_gpu_layers"],
+        flash_attn=values["flash_attn"],
     )
     return asyncio.run(_run(args, settings))
 

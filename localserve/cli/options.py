@@ -257,7 +257,7 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "--flash-attn",
         "flash_attn",
         _choice(FLASH_ATTN_MODES),
-        "flash attention for GGUF models: auto (where the device supports it), on, off",
+        "flash attention for GGUF models: auto (off on the CPU with a KV stream per slot, else on where the device supports it), on, off",
         "MODE",
     ),
     Option(
@@ -552,7 +552,9 @@ def settings_from_args(argv: Sequence[str], env: Mapping[str, str]) -> ServerSet
 
 
 #: The options of the commands that load a model in this process (`run`, `batch run`).
-RUN_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device", "--n-gpu-layers"))
+RUN_OPTIONS = tuple(
+    o for o in SERVE_OPTIONS if o.flag in ("--ctx-size", "--threads", "--device", "--n-gpu-layers", "--flash-attn")
+)
 
 
 # ---- a command's own options (command line only) ------------------------------

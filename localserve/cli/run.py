@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads=values["threads"],
         device=values["device"],
         n_gpu_layers=values["n_gpu_layers"],
+        flash_attn=values["flash_attn"],
     )
     return asyncio.run(_generate(args, prompt, settings))
 

@@ -25,7 +25,11 @@ from tests.jobs.test_batch_run_real import BUCKET, MODEL_ID, s3  # noqa: F401 - 
 
 NUM_LINES = 40
 # One thread and 8 slots per engine: 2 replicas fit the 2 cores, and both runs decode alike.
-ENGINE_ARGS = ["--threads", "1", "--concurrency", "8", "--ctx-size", "256", "--device", "cpu"]
+# Flash attention on: the answers of two replicas equal the single machine's
+# only where a sequence's logits do not depend on which others share its
+# steps; without it (the CPU's `auto`), llama.cpp's matrix products round a
+# prompt chunk by its neighbours and a near-tie may flip (kv_types.resolve_flash_attn).
+ENGINE_ARGS = ["--threads", "1", "--concurrency", "8", "--ctx-size", "256", "--device", "cpu", "--flash-attn", "on"]
 REPLICA_ROW = re.compile(r"^\s+r\d+ (\S+): (\d+) requests, (\d+) tokens", re.MULTILINE)
 
 

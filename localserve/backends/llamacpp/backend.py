@@ -71,7 +71,7 @@ class LlamaCppConfig:
     n_gpu_layers: int = -1  # on a GPU: layers to offload, -1 all
     cache_type_k: str = "f16"  # KV cache element types (kv_types.KV_CACHE_TYPES); a quantized V needs flash attention
     cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # auto | on | off; auto is off on the CPU (kv_types.resolve_flash_attn)
+    flash_attn: str = "auto"  # auto | on | off; auto: off on the CPU with a KV stream per slot (kv_types)
     draft_model_path: str = ""  # a smaller GGUF of the same vocabulary that drafts tokens (--draft-model)
 
 
