@@ -30,6 +30,9 @@ from localserve.errors import InvalidRequestError
 #: doubled while too narrow (`_candidates`).
 _SPREAD = 2.0
 _SUBSAMPLE = 32  # top_k's first spread comes from every 32nd logit (_candidates)
+#: `sample_rows` draws a top_k's rows together from this many; fewer sample
+#: faster one by one (one row of SmolLM2: 43 us alone, 66 us through it).
+_ROWS_TOGETHER = 4
 
 
 class NumpySampler:
@@ -89,6 +92,28 @@ class NumpySampler:
             and self._budget is None
             and not (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
         )
+
+    @property
+    def plain_sampled(self) -> bool:
+        """Sampling with temperature and top_k (top_p and min_p as they are)
+        over the raw logits, end-of-generation tokens masked or not: what
+        `sample_rows` draws for many rows at once, then hands to `took`."""
+        p = self.params
+        return (
+            not p.greedy
+            and p.top_k > 0
+            and p.typical_p >= 1.0
+            and self._bias is None
+            and self._matcher is None
+            and self._budget is None
+            and not (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
+        )
+
+    def took(self, token: int) -> None:
+        """Remember `token`, drawn for this sampler by `sample_rows`."""
+        self._count += 1
+        if self._history.maxlen != 0:
+            self._history.append(token)
 
     def take(self, token: int) -> bool:
         """Accept `token`, a plain greedy argmax of the raw row; False (and
@@ -292,3 +317,114 @@ def greedy_rows(logits: np.ndarray, rows: Sequence[int], samplers: Sequence[Nump
     block = logits[first : first + len(rows)] if contiguous else logits[list(rows)]
     tokens = block.argmax(axis=1).tolist()
     return [t if s.take(t) else None for s, t in zip(samplers, tokens, strict=True)]
+
+
+def sample_rows(logits: np.ndarray, rows: Sequence[int], samplers: Sequence[NumpySampler]) -> list[int | None]:
+    """The tokens of a step's `plain_sampled` rows (`logits[rows[i]]` is
+    `samplers[i]`'s row), drawn as each sampler's own `sample` would draw
+    them, with the same uniform number from its generator, so a seed gives
+    the same tokens alone or beside any other rows. Each row's candidates
+    are found row by row, in place (a row stays in the CPU's cache through
+    its passes; all the rows at once were slower, 3 MB of logits for 16
+    rows of SmolLM2 passing through memory once a pass), then top_p, min_p,
+    the temperature and the draw run over all the rows' candidates at once:
+    16 rows at the request defaults took 0.65 ms against 0.87 ms row by
+    row. None where a row is left to its sampler's own path (every token
+    masked, a subsample estimate holding fewer than top_k, a vocabulary too
+    small for the estimate, fewer than `_ROWS_TOGETHER` rows of its top_k):
+    call `sample` there. A row of `logits` may be
+    changed while this runs; it is as it was when this returns."""
+    out: list[int | None] = [None] * len(rows)
+    if not rows:
+        return out
+    num = logits.shape[1]
+    by_k: dict[int, list[int]] = {}
+    for i, sampler in enumerate(samplers):  # a vocabulary too small for the estimate: row by row
+        if sampler.params.top_k > 0 and num >= _SUBSAMPLE * 4 * (sampler.params.top_k + _SUBSAMPLE):
+            by_k.setdefault(sampler.params.top_k, []).append(i)
+    for k, members in by_k.items():
+        if len(members) < _ROWS_TOGETHER:
+            continue
+        _sample_group(logits, [rows[i] for i in members], [samplers[i] for i in members], k, members, out)
+    return out
+
+
+def _sample_group(
+    logits: np.ndarray,
+    rows: list[int],
+    samplers: list[NumpySampler],
+    k: int,
+    positions: list[int],
+    out: list[int | None],
+) -> None:
+    """`sample_rows` for rows of one top_k. The candidates are the tokens at
+    or above `_candidates`' estimate of the k-th best logit (a lower rank of
+    every _SUBSAMPLE-th token), cut to the k best as `_candidates` cuts
+    them: the same k tokens in the same order, whatever spread found them.
+    A row where the estimate holds fewer than k goes back to its sampler."""
+    num = logits.shape[1]
+    first = rows[0]
+    contiguous = rows[-1] - first == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:], strict=False))
+    block = logits[first : first + len(rows)] if contiguous else logits[rows]
+    masked: list[tuple[int, np.ndarray, np.ndarray]] = []  # (row in block, token ids, their logits before)
+    kept: list[int] = []
+    ids: list[np.ndarray] = []
+    cand: list[np.ndarray] = []
+    try:
+        for i, sampler in enumerate(samplers):
+            eog = sampler._eog
+            if sampler._count < sampler._suppress_until and eog is not None:
+                masked.append((i, eog, block[i, eog].copy()))
+                block[i, eog] = -np.inf
+        kth = len(range(0, num, _SUBSAMPLE)) - (k // _SUBSAMPLE + 8)
+        for i in range(len(rows)):  # row by row: one row stays in the CPU's cache through its passes
+            row = block[i]
+            threshold = np.partition(row[::_SUBSAMPLE], kth)[kth]
+            found = np.flatnonzero(row >= threshold)
+            if len(found) >= k and np.isfinite(threshold):
+                if len(found) > k:
+                    found = found[np.argpartition(-row[found], k - 1)[:k]]
+                found = found[np.argsort(-row[found], kind="stable")]
+                kept.append(i)
+                ids.append(found)
+                cand.append(row[found])
+    finally:
+        for i, eog, before in masked:
+            block[i, eog] = before
+    if kept:
+        _draw_rows(np.array(ids), np.array(cand), [samplers[i] for i in kept], [positions[i] for i in kept], out)
+
+
+def _draw_rows(
+    ids: np.ndarray, cand: np.ndarray, samplers: list[NumpySampler], positions: list[int], out: list[int | None]
+) -> None:
+    """top_p, min_p, temperature and the draw over rows of k candidates
+    each, best first (`ids`, `cand`): `_keep` and `NumpySampler._draw`,
+    row by row the same arithmetic."""
+    num_rows, k = cand.shape
+    params = [s.params for s in samplers]
+    shifted = cand.astype(np.float64) - cand[:, :1].astype(np.float64)
+    probs = np.exp(shifted)
+    keep = np.full(num_rows, k, dtype=np.int64)
+    top_p = np.array([min(p.top_p, 1.0) for p in params], dtype=np.float64)
+    if (top_p < 1.0).any():
+        mass = np.cumsum(probs, axis=1)
+        by_top_p = (mass < (top_p * mass[:, -1])[:, None]).sum(axis=1) + 1
+        keep = np.where(top_p < 1.0, by_top_p, keep)
+    min_p = np.array([p.min_p for p in params], dtype=np.float64)
+    if (min_p > 0.0).any():
+        keep = np.where(min_p > 0.0, np.minimum(keep, (probs >= min_p[:, None]).sum(axis=1)), keep)
+    keep = np.clip(keep, 1, k)
+    temperature = np.array([p.temperature for p in params], dtype=np.float64)
+    weights = np.exp(shifted / temperature[:, None])
+    outside = np.arange(k) >= keep[:, None]
+    weights[outside] = 0.0
+    cumulative = np.cumsum(weights, axis=1)
+    total = cumulative[np.arange(num_rows), keep - 1]
+    draws = np.array([s._rng.random() for s in samplers]) * total
+    index = ((cumulative <= draws[:, None]) & ~outside).sum(axis=1)
+    index = np.minimum(index, keep - 1)
+    tokens = ids[np.arange(num_rows), index].tolist()
+    for sampler, position, token in zip(samplers, positions, tokens, strict=True):
+        sampler.took(token)
+        out[position] = token

@@ -137,6 +137,9 @@ class Capacity:
     n_ctx: int  # the longest sequence one slot may hold
     max_draft_tokens: int = 0  # drafts a decode chunk may carry for verification; 0: the backend cannot
     has_draft_model: bool = False  # the backend can draft with a model of its own (SeqChunk.draft_model_tokens)
+    # A sequence's drafts, in a step it shares with others, take a forward pass of their own
+    # (llama.cpp with a KV stream per slot computes equal tokens per sequence in each micro-batch).
+    draft_pass: bool = False
 
 
 @dataclass(frozen=True, slots=True)

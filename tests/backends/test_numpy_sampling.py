@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 
 from localserve.backends import numpy_sampling
-from localserve.backends.numpy_sampling import NumpySampler, greedy_rows, token_logprob
+from localserve.backends.numpy_sampling import NumpySampler, greedy_rows, sample_rows, token_logprob
 from localserve.engine.types import SamplingParams
+from localserve.errors import InvalidRequestError
 
 VOCAB = 2000
 
@@ -200,3 +202,114 @@ def test_greedy_rows_is_one_argmax_and_keeps_the_end_masked() -> None:
         int(np.argmax(table[0])),
         int(np.argmax(table[5])),
     ], "rows that are not adjacent"
+
+
+REAL_VOCAB = 49_152  # SmolLM2's: sample_rows estimates the candidates from a subsample
+
+
+def real_sized_rows(num_rows: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(num_rows, REAL_VOCAB)) * 2.5).astype(np.float32)
+
+
+def test_sample_rows_draws_exactly_the_reference_distribution() -> None:
+    """The step's rows in one call (the llama.cpp backend's path for sampled
+    rows): 8 rows of the same logits, each its own sampler, drawn together
+    many times, against the distribution the cuts define."""
+    row = real_sized_rows(1, 21)[0]
+    table = np.repeat(row[None, :], 8, axis=0)
+    for params in (
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=1.2, top_k=12, top_p=0.6),
+        SamplingParams(temperature=0.5, top_k=200, min_p=0.1),
+    ):
+        expected = reference(row, params)
+        samplers = [NumpySampler(dataclasses.replace(params, seed=100 + i)) for i in range(8)]
+        assert all(s.plain_sampled for s in samplers)
+        counts: Counter[int] = Counter()
+        for _ in range(2_000):
+            drawn = sample_rows(table, list(range(8)), samplers)
+            assert None not in drawn
+            counts.update(t for t in drawn if t is not None)
+        n = sum(counts.values())
+        assert set(counts) <= set(expected), f"drew tokens the cuts exclude: {set(counts) - set(expected)}"
+        big = [t for t, q in expected.items() if q * n >= 5]
+        chi2 = sum((counts.get(t, 0) - expected[t] * n) ** 2 / (expected[t] * n) for t in big)
+        rest = 1.0 - sum(expected[t] for t in big)
+        if rest * n >= 5:
+            chi2 += (sum(c for t, c in counts.items() if t not in big) - rest * n) ** 2 / (rest * n)
+        df = max(1, len(big) - (0 if rest * n >= 5 else 1))
+        assert chi2 < df + 6 * math.sqrt(2 * df), f"chi2 {chi2:.1f} with {df} degrees of freedom for {params}"
+
+
+def test_sample_rows_gives_what_each_sampler_alone_gives_whatever_its_batchmates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seed gives the same tokens from `sample_rows` as from the sampler's
+    own `sample`, alone or among rows of other cuts, other top_k and a
+    masked end-of-generation token, adjacent or not; the table is left as it was."""
+    table = real_sized_rows(10, 22)
+    eog = int(np.argmax(table[3]))  # row 3's best token is the end, masked under ignore_eos
+    kinds = [
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=1.0, top_k=40),
+        SamplingParams(temperature=0.8, top_k=64, top_p=0.9),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, ignore_eos=True),
+    ]
+    rows = [0, 1, 2, 3, 5, 6, 9]
+    params = [dataclasses.replace(kinds[i % len(kinds)], seed=50 + i) for i in range(len(rows))]
+    params[3] = dataclasses.replace(kinds[3], seed=53)
+
+    def fresh() -> list[NumpySampler]:
+        return [NumpySampler(p, eog_token_ids=[eog]) for p in params]
+
+    batched, alone, own = fresh(), fresh(), fresh()
+    before = table.copy()
+    for _ in range(6):
+        together = sample_rows(table, rows, batched)
+        assert None not in together[:2] and None not in together[3:4], "4 rows of top_k 40 together"
+        assert together[2] is None and together[6] is None, "top_k 64 has 2 rows: they sample one by one"
+        assert np.array_equal(table, before), "the rows are as they were"
+        together = [t if t is not None else s.sample(table[r]) for t, r, s in zip(together, rows, batched, strict=True)]
+        with monkeypatch.context() as patch:  # one row on its own through the batched path
+            patch.setattr(numpy_sampling, "_ROWS_TOGETHER", 1)
+            singly = [sample_rows(table, [r], [s])[0] for r, s in zip(rows, alone, strict=True)]
+        reference_tokens = [s.sample(table[r]) for r, s in zip(rows, own, strict=True)]
+        assert together == singly == reference_tokens
+        assert together[3] != eog
+
+
+def test_sample_rows_leaves_a_row_to_its_sampler_where_the_estimate_falls_short() -> None:
+    """Rows whose best tokens all sit on the subsampled positions (the
+    estimate of the k-th best is too high), or whose every token is masked,
+    come back None: `sample` takes them (and says why when nothing is allowed)."""
+    rng = np.random.default_rng(23)
+    table = real_sized_rows(2, 24)
+    table[1] = rng.normal(size=REAL_VOCAB).astype(np.float32) - 8.0
+    best = np.arange(60) * numpy_sampling._SUBSAMPLE
+    table[1, best] = rng.normal(size=len(best)).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, seed=5)
+    table = np.concatenate([table, table[:1], table[:1], np.full((1, REAL_VOCAB), -np.inf, np.float32)])
+    samplers = [NumpySampler(params) for _ in range(5)]
+    got = sample_rows(table, list(range(5)), samplers)
+    assert None not in got[:1] + got[2:4] and got[1] is None and got[4] is None
+    assert samplers[1].sample(table[1]) in set(best.tolist())
+    lone = samplers[4]
+    with pytest.raises(InvalidRequestError, match="no token is allowed"):
+        lone.sample(table[4])
+
+
+def test_what_sample_rows_leaves_to_each_sampler() -> None:
+    """Penalties, logit bias, typical_p, greedy and no top_k sample row by row."""
+    base = SamplingParams(temperature=0.7, top_k=40)
+    assert NumpySampler(base).plain_sampled
+    for params in (
+        dataclasses.replace(base, repeat_penalty=1.1),
+        dataclasses.replace(base, logit_bias=((3, 1.0),)),
+        dataclasses.replace(base, typical_p=0.5),
+        dataclasses.replace(base, temperature=0.0),
+        dataclasses.replace(base, top_k=0),
+    ):
+        assert not NumpySampler(params).plain_sampled, params
+    small = np.zeros((4, VOCAB), np.float32)  # too small a vocabulary for the estimate: row by row
+    assert sample_rows(small, [0, 1, 2, 3], [NumpySampler(base) for _ in range(4)]) == [None] * 4

@@ -166,6 +166,21 @@ def test_expected_tokens_and_the_draft_length_rule():
     assert draft_lengths([(0.05, 8)], num_tokens=1, num_seqs=1, coefficients=(0.01, 0.003, 0.0), max_draft=8) == 0
 
 
+def test_draft_lengths_price_a_pass_per_drafting_sequence_where_drafts_take_their_own():
+    # The step-time model of a run that drafted its way into slow steps: a large fixed cost makes drafts look cheap.
+    spiral = {"num_tokens": 16, "num_seqs": 16, "coefficients": (0.5, 0.0017, 0.0), "max_draft": 8}
+    proposals = [(0.7, 8)] * 3
+    assert draft_lengths(proposals, **spiral) >= 6
+    # But with a KV stream per slot each drafting sequence is a pass of its own, which costs a: none pays.
+    assert draft_lengths(proposals, **spiral, own_pass=True) == 0
+    # Alone, a sequence's drafts share its pass: the same rule as without.
+    alone = {"num_tokens": 1, "num_seqs": 1, "coefficients": (0.01, 1e-4, 0.0), "max_draft": 8}
+    assert draft_lengths([(0.8, 8)], **alone, own_pass=True) == draft_lengths([(0.8, 8)], **alone) == 8
+    # A sequence that copies (acceptance near 1) still pays for its pass beside a few others.
+    few = {"num_tokens": 2, "num_seqs": 2, "coefficients": (0.01, 0.001, 0.0), "max_draft": 8}
+    assert draft_lengths([(0.98, 8)], **few, own_pass=True) == 8
+
+
 # ---- the scheduler with drafts -------------------------------------------------------------------
 
 
@@ -357,6 +372,29 @@ def test_draft_payoff_stops_a_bucket_whose_drafted_steps_yield_less_and_retries_
     for _ in range(2 * PAYOFF_RETRY_EVERY):
         payoff.observe(8, 8, 0.045, drafted=False)
     assert payoff.allows(8)
+
+
+def test_draft_payoff_measures_plain_steps_when_every_step_drafted():
+    # Steps that all drafted (a step-time model misled by their slowness keeps pricing drafts as cheap):
+    # once they are measured, the bucket's steps run plain until those are measured too, then compare.
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS):
+        assert payoff.allows(16)
+        payoff.observe(16, 24, 0.300, drafted=True)  # 0.08 tokens per ms
+    assert not payoff.allows(16) and payoff.allows(1)
+    for _ in range(PAYOFF_MIN_STEPS - 1):
+        payoff.observe(16, 16, 0.080, drafted=False)  # 0.2 tokens per ms
+        assert not payoff.allows(16)
+    payoff.observe(16, 16, 0.080, drafted=False)
+    assert payoff.stopped(16)
+    # where the drafted steps had won, drafting resumes once the plain ones are measured
+    payoff = DraftPayoff()
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(1, 3, 0.012, drafted=True)
+    assert not payoff.allows(1)
+    for _ in range(PAYOFF_MIN_STEPS):
+        payoff.observe(1, 1, 0.009, drafted=False)
+    assert payoff.allows(1)
 
 
 def test_draft_payoff_ignores_unmeasured_steps():

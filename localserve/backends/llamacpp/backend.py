@@ -5,10 +5,11 @@ stream (or all in one shared pool when the KV budget is smaller, see
 `_open_context`). Every step is a single `llama_decode` over a `llama_batch`
 that mixes the decode tokens of running sequences with prompt chunks of new
 ones, padding-free. Sampling reads the step's logits rows in numpy
-(backends/numpy_sampling.py): the greedy rows in one argmax, the others
-each with its own generator over the few candidates the cuts keep; only a
-sequence under a grammar keeps a native llama.cpp sampler chain
-(sampling.py), which masks candidates when the grammar refuses a token.
+(backends/numpy_sampling.py): the greedy rows in one argmax, the sampled
+rows in one `sample_rows` (each with its own generator, over the few
+candidates the cuts keep; penalties, logit bias and typical_p sample row
+by row); only a sequence under a grammar keeps a native llama.cpp sampler
+chain (sampling.py), which masks candidates when the grammar refuses a token.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from localserve.backends.llamacpp.draft import DraftMismatchError, DraftModel
 from localserve.backends.llamacpp.kv_state import KvEdits, apply_kv_ops, library_build
 from localserve.backends.llamacpp.sampling import SamplerChain, token_logprob
 from localserve.backends.llamacpp.tokenizer import LlamaTokenizer
-from localserve.backends.numpy_sampling import NumpySampler, greedy_rows
+from localserve.backends.numpy_sampling import NumpySampler, greedy_rows, sample_rows
 from localserve.backends.numpy_sampling import token_logprob as row_logprob
 from localserve.engine.backend import BackendInfo, GenerativeBackend
 from localserve.engine.types import Capacity, KvOp, SampledToken, SamplingParams, SeqChunk, StepPlan, StepResult
@@ -169,6 +170,7 @@ class LlamaCppBackend(GenerativeBackend):
             kv_size=per_slot * num_slots if self._split_kv else kv_actual,
             n_ctx=min(n_ctx, per_slot),
             max_draft_tokens=MAX_DRAFT_TOKENS,
+            draft_pass=self._split_kv,
         )
         self._n_ctx_train = n_ctx_train
 
@@ -265,7 +267,7 @@ class LlamaCppBackend(GenerativeBackend):
             reason = _DECODE_ERRORS.get(rc, "internal error")
             raise BackendError(f"llama_decode failed with code {rc} ({reason})")
         rows = _LogitsRows(ctx, num_outputs, self._n_vocab)
-        firsts = self._greedy_firsts(rows, sample_at, model_drafts, failed)
+        firsts = self._firsts(rows, sample_at, model_drafts, failed)
         sampled: dict[int, SampledToken] = {}
         accepted: dict[int, tuple[SampledToken, ...]] = {}
         for chunk, index in sample_at:
@@ -299,34 +301,44 @@ class LlamaCppBackend(GenerativeBackend):
             restore_failed=tuple(state.restore_failed),
         )
 
-    def _greedy_firsts(
+    def _firsts(
         self,
         rows: _LogitsRows,
         sample_at: list[tuple[SeqChunk, int]],
         model_drafts: dict[int, list[int]],
         failed: dict[int, str],
     ) -> dict[int, int]:
-        """The first token of every plain greedy sequence of the step (no
-        drafts to verify), from one argmax over their rows."""
-        seq_ids, row_ids, samplers = [], [], []
+        """The first token of every plain greedy and plain sampled sequence of
+        the step (no drafts to verify): one argmax over the greedy rows, one
+        `sample_rows` over the others (a row it leaves out samples alone)."""
+        greedy: tuple[list[int], list[int], list[NumpySampler]] = ([], [], [])
+        sampled: tuple[list[int], list[int], list[NumpySampler]] = ([], [], [])
         for chunk, index in sample_at:
             sampler = self._samplers.get(chunk.seq_id)
             if (
-                isinstance(sampler, NumpySampler)
-                and sampler.plain_greedy
-                and chunk.seq_id not in failed
-                and not chunk.num_draft
-                and chunk.seq_id not in model_drafts
+                not isinstance(sampler, NumpySampler)
+                or chunk.seq_id in failed
+                or chunk.num_draft
+                or chunk.seq_id in model_drafts
             ):
-                seq_ids.append(chunk.seq_id)
-                row_ids.append(rows.row_of(index))
-                samplers.append(sampler)
-        tokens = greedy_rows(rows.table, row_ids, samplers)
-        return {seq_id: token for seq_id, token in zip(seq_ids, tokens, strict=True) if token is not None}
+                continue
+            group = greedy if sampler.plain_greedy else sampled if sampler.plain_sampled else None
+            if group is not None:
+                group[0].append(chunk.seq_id)
+                group[1].append(rows.row_of(index))
+                group[2].append(sampler)
+        firsts: dict[int, int] = {}
+        for (seq_ids, row_ids, samplers), pick in ((greedy, greedy_rows), (sampled, sample_rows)):
+            if seq_ids:
+                tokens = pick(rows.table, row_ids, samplers)
+                firsts.update(
+                    (seq_id, token) for seq_id, token in zip(seq_ids, tokens, strict=True) if token is not None
+                )
+        return firsts
 
     def _sample(self, rows: _LogitsRows, chunk: SeqChunk, index: int, token_id: int | None = None) -> SampledToken:
         """The token at batch index `index` (`token_id`: already taken by the
-        step's greedy argmax), with its log-probability when asked."""
+        step's argmax or `sample_rows`), with its log-probability when asked."""
         sampler = self._samplers[chunk.seq_id]
         num_top = chunk.sampling.logprobs
         if isinstance(sampler, SamplerChain):
@@ -335,7 +347,7 @@ class LlamaCppBackend(GenerativeBackend):
             if num_top is not None:
                 logprob = token_logprob(rows.ctx, index, self._n_vocab, token_id, num_top)
             return SampledToken(token_id, logprob, ends=sampler.ended)
-        if token_id is not None and num_top is None:  # taken by the step's greedy argmax
+        if token_id is not None and num_top is None:  # taken by the step's argmax or sample_rows
             return SampledToken(token_id, None, ends=sampler.ended)
         row = rows.table[rows.row_of(index)]
         if token_id is None:

@@ -36,8 +36,12 @@ each gains ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens from k drafts. The
 scheduler picks the one cap K on draft length for the step that gives the
 most expected tokens per predicted second, K = 0 (no speculation) included,
 so a compute-bound step drafts nothing. A drafted token is priced as a
-decoding sequence's token, b + c (`draft_lengths`). Each sequence's alpha
-follows its own recent acceptance.
+decoding sequence's token, b + c, and where the backend computes a
+sequence's drafts in a forward pass of their own (`Capacity.draft_pass`:
+llama.cpp with a KV stream per slot), each drafting sequence of a shared
+step adds that pass, a (`draft_lengths`). Each sequence's alpha follows its
+own recent acceptance. Whether drafting paid is measured too (`DraftPayoff`),
+and a step-time model that drafting itself misleads cannot keep it going.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def draft_lengths(
     num_seqs: int,
     coefficients: tuple[float, float, float],
     max_draft: int,
+    own_pass: bool = False,
 ) -> int:
     """The cap K on draft length that gives the step the most expected tokens
     per predicted second. `proposals` are (acceptance, drafts available) of
@@ -174,9 +179,17 @@ def draft_lengths(
     a CPU, where a token in a small step costs several times more (SmolLM2,
     2 threads: a step of 16 tokens is 8.2x a one-token step, one of 64
     tokens 24x, `bench/verify_cost.py`): 16 chat streams drafted where it
-    cost them 16% of their throughput."""
+    cost them 16% of their throughput.
+
+    `own_pass`: each drafting sequence's drafts are a forward pass of their
+    own (`Capacity.draft_pass`, in a step of more than one sequence), which
+    costs what a step costs, a, besides its tokens. llama.cpp with a KV
+    stream per slot splits a step into micro-batches of equal tokens per
+    sequence: 16 decoding sequences of which one drafts 8 tokens are two
+    passes over the weights (SmolLM2, 2 threads: 137 ms against 78 ms)."""
     a, b, c = coefficients
     per_draft = b + c
+    per_drafter = a if own_pass and num_seqs > 1 else 0.0
     best_k, best_rate = 0, 0.0
     base_time = a + b * num_tokens + c * num_seqs
     if base_time <= 0.0:
@@ -184,13 +197,13 @@ def draft_lengths(
     base_yield = float(num_seqs)
     best_rate = base_yield / base_time
     for k in range(1, max_draft + 1):
-        extra_tokens = 0
+        extra_time = 0.0
         gain = 0.0
         for acceptance, available in proposals:
             n = min(k, available)
-            extra_tokens += n
+            extra_time += per_draft * n + (per_drafter if n else 0.0)
             gain += expected_tokens(acceptance, n) - 1.0
-        rate = (base_yield + gain) / (base_time + per_draft * extra_tokens)
+        rate = (base_yield + gain) / (base_time + extra_time)
         if rate > best_rate * (1.0 + 1e-9):
             best_k, best_rate = k, rate
     return best_k
@@ -264,9 +277,17 @@ class DraftPayoff:
         self._buckets: dict[int, _Bucket] = {}
 
     def allows(self, num_seqs: int) -> bool:
-        """May a step of `num_seqs` sequences draft?"""
+        """May a step of `num_seqs` sequences draft? Not while a bucket's
+        drafted steps are measured and its plain ones are not: those steps
+        run plain until they are (else a step-time model that drafting
+        misleads, as its slow steps raise the fixed cost that makes drafts
+        look cheap, could keep every step drafting, unmeasured)."""
         bucket = self._buckets.get(payoff_bucket(num_seqs))
-        if bucket is None or bucket.retry_left > 0 or not self._measured(bucket):
+        if bucket is None:
+            return True
+        if bucket.plain.steps < PAYOFF_MIN_STEPS:
+            return bucket.drafted.steps < PAYOFF_MIN_STEPS
+        if bucket.retry_left > 0 or not self._measured(bucket):
             return True
         return self._pays(num_seqs, bucket)
 
@@ -312,6 +333,7 @@ class DraftPlanner:
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
         self._kv_size = capacity.kv_size
+        self._draft_pass = capacity.draft_pass
         self.payoff = DraftPayoff()
         if config.speculative == "off":
             self.max_draft = 0
@@ -360,6 +382,7 @@ class DraftPlanner:
             num_seqs=plan.num_seqs,
             coefficients=(a, b, c),
             max_draft=max(len(d) for _, d, _ in proposals),
+            own_pass=self._draft_pass,
         )
         room = plan.budget  # drafted tokens the step may still take
         if plan.num_seqs > 1 and b + c > 0.0:
