@@ -137,9 +137,10 @@ class Capacity:
     n_ctx: int  # the longest sequence one slot may hold
     max_draft_tokens: int = 0  # drafts a decode chunk may carry for verification; 0: the backend cannot
     has_draft_model: bool = False  # the backend can draft with a model of its own (SeqChunk.draft_model_tokens)
-    # A sequence's drafts, in a step it shares with others, take a forward pass of their own
-    # (llama.cpp with a KV stream per slot computes equal tokens per sequence in each micro-batch).
-    draft_pass: bool = False
+    # Each slot is a KV stream of its own (llama.cpp without a unified KV): a step is computed as
+    # one forward pass per run of consecutive busy slots with as many tokens each, so a sequence's
+    # drafts beside others take a pass of their own, and so does each gap between busy slots.
+    slot_streams: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,8 +79,9 @@ def make_capacity(
     n_ctx: int = 128,
     max_draft_tokens: int = 0,
     has_draft_model: bool = False,
+    slot_streams: bool = False,
 ) -> Capacity:
-    return Capacity(num_slots, step_tokens, kv_size, n_ctx, max_draft_tokens, has_draft_model)
+    return Capacity(num_slots, step_tokens, kv_size, n_ctx, max_draft_tokens, has_draft_model, slot_streams)
 
 
 def prompt(start: int, length: int) -> list[int]:

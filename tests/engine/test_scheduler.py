@@ -439,6 +439,50 @@ def test_prefix_of_a_running_request_is_copied():
     assert driver.records["running"].token_ids == run_alone(SHARED + [500], max_tokens=20)
 
 
+def busy_slots_after_waves(slot_streams: bool) -> list[list[int]]:
+    """Two warm-up requests, then waves of 8 on 16 slots (bench/peers.py's 8 streams): the busy slots of each wave."""
+    driver = Driver(make_capacity(num_slots=16, step_tokens=512, kv_size=16 * 128, slot_streams=slot_streams))
+    for i in range(2):
+        driver.add(f"warm{i}", prompt(1000 + 50 * i, 20), max_tokens=4)
+        driver.run()
+    waves = []
+    for wave in range(3):
+        for i in range(8):
+            driver.add(f"w{wave}-{i}", prompt(2000 + 100 * (8 * wave + i), 30), max_tokens=6)
+        batch = driver.step()
+        waves.append(sorted(chunk.slot for chunk in batch.chunks))
+        driver.run()
+    return waves
+
+
+def test_with_a_kv_stream_per_slot_busy_slots_stay_in_one_run():
+    """llama.cpp computes each run of consecutive busy slots (KV streams) in
+    a pass of its own: new sequences take the lowest free slots, so 8 streams
+    on 16 slots stay in one run. Taking empty slots first, as a shared pool
+    does (nothing to pack there), scatters them."""
+    assert busy_slots_after_waves(slot_streams=True) == [list(range(8))] * 3
+    scattered = busy_slots_after_waves(slot_streams=False)
+    assert any(slots != list(range(slots[0], slots[0] + 8)) for slots in scattered), scattered
+
+
+def test_with_a_kv_stream_per_slot_a_long_shared_prefix_still_wins_a_slot_out_of_the_run():
+    capacity = make_capacity(num_slots=4, step_tokens=256, kv_size=4 * 256, n_ctx=256, slot_streams=True)
+    long_prefix, short_prefix = prompt(0, 100), prompt(500, 20)
+    driver = Driver(capacity)
+    for name, tokens in (("a", prompt(300, 10)), ("b", prompt(400, 10)), ("c", long_prefix), ("d", short_prefix)):
+        driver.add(name, tokens, max_tokens=3)
+    driver.run()
+    slot_of = {name: driver.batches[0].chunks[i].slot for i, name in enumerate("abcd")}
+    assert list(slot_of.values()) == [0, 1, 2, 3]
+    driver.add("e", long_prefix + [7, 8], max_tokens=3)  # 100 tokens in slot 2: worth a gap
+    driver.add("f", short_prefix + [9], max_tokens=3)  # 20 tokens in slot 3: not worth one
+    batch = driver.step()
+    assert driver.chunk(batch, "e").slot == 2 and driver.chunk(batch, "e").start_pos == 100
+    assert driver.chunk(batch, "f").slot == 0
+    driver.run()
+    assert driver.records["e"].token_ids == run_alone(long_prefix + [7, 8], max_tokens=3)
+
+
 def test_preempted_request_resumes_from_the_prefix_left_in_its_slot():
     driver = Driver(make_capacity(num_slots=1))
     driver.add("low", SHARED + [500], priority=2.0, max_tokens=6)

@@ -170,7 +170,7 @@ class LlamaCppBackend(GenerativeBackend):
             kv_size=per_slot * num_slots if self._split_kv else kv_actual,
             n_ctx=min(n_ctx, per_slot),
             max_draft_tokens=MAX_DRAFT_TOKENS,
-            draft_pass=self._split_kv,
+            slot_streams=self._split_kv,
         )
         self._n_ctx_train = n_ctx_train
 

@@ -57,7 +57,12 @@ class Scheduler:
         # end-of-generation tokens or byte pieces by default (tests)
         self.output = output or OutputProcessor(eog_token_ids=(), token_bytes=_no_bytes, n_ctx=capacity.n_ctx)
         self._clock = clock
-        self._slots = SlotTable(capacity.num_slots, enable_prefix_cache=self.config.enable_prefix_cache, disk=disk)
+        self._slots = SlotTable(
+            capacity.num_slots,
+            enable_prefix_cache=self.config.enable_prefix_cache,
+            disk=disk,
+            packed=capacity.slot_streams,
+        )
         self.disk = self._slots.disk
         self._restores = DiskRestores(self._slots)
         self._seqs = SequenceTable()

@@ -37,7 +37,7 @@ scheduler picks the one cap K on draft length for the step that gives the
 most expected tokens per predicted second, K = 0 (no speculation) included,
 so a compute-bound step drafts nothing. A drafted token is priced as a
 decoding sequence's token, b + c, and where the backend computes a
-sequence's drafts in a forward pass of their own (`Capacity.draft_pass`:
+sequence's drafts in a forward pass of their own (`Capacity.slot_streams`:
 llama.cpp with a KV stream per slot), each drafting sequence of a shared
 step adds that pass, a (`draft_lengths`). Each sequence's alpha follows its
 own recent acceptance. Whether drafting paid is measured too (`DraftPayoff`),
@@ -182,7 +182,7 @@ def draft_lengths(
     cost them 16% of their throughput.
 
     `own_pass`: each drafting sequence's drafts are a forward pass of their
-    own (`Capacity.draft_pass`, in a step of more than one sequence), which
+    own (`Capacity.slot_streams`, in a step of more than one sequence), which
     costs what a step costs, a, besides its tokens. llama.cpp with a KV
     stream per slot splits a step into micro-batches of equal tokens per
     sequence: 16 decoding sequences of which one drafts 8 tokens are two
@@ -333,7 +333,7 @@ class DraftPlanner:
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
         self._kv_size = capacity.kv_size
-        self._draft_pass = capacity.draft_pass
+        self._draft_pass = capacity.slot_streams
         self.payoff = DraftPayoff()
         if config.speculative == "off":
             self.max_draft = 0
