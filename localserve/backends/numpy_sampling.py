@@ -312,11 +312,17 @@ def greedy_rows(logits: np.ndarray, rows: Sequence[int], samplers: Sequence[Nump
     end-of-generation token): that row samples on its own."""
     if not rows:
         return []
-    first = rows[0]
-    contiguous = rows[-1] - first == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:], strict=False))
-    block = logits[first : first + len(rows)] if contiguous else logits[list(rows)]
-    tokens = block.argmax(axis=1).tolist()
+    tokens = _block(logits, rows).argmax(axis=1).tolist()
     return [t if s.take(t) else None for s, t in zip(samplers, tokens, strict=True)]
+
+
+def _block(logits: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    """`logits[rows]`: a view where the rows run consecutively (a step's
+    usual case), else a copy."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:], strict=False)):
+        return logits[first : first + len(rows)]
+    return logits[list(rows)]
 
 
 def sample_rows(logits: np.ndarray, rows: Sequence[int], samplers: Sequence[NumpySampler]) -> list[int | None]:
@@ -363,9 +369,7 @@ def _sample_group(
     them: the same k tokens in the same order, whatever spread found them.
     A row where the estimate holds fewer than k goes back to its sampler."""
     num = logits.shape[1]
-    first = rows[0]
-    contiguous = rows[-1] - first == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:], strict=False))
-    block = logits[first : first + len(rows)] if contiguous else logits[rows]
+    block = _block(logits, rows)
     masked: list[tuple[int, np.ndarray, np.ndarray]] = []  # (row in block, token ids, their logits before)
     kept: list[int] = []
     ids: list[np.ndarray] = []

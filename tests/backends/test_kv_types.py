@@ -51,13 +51,16 @@ def test_a_cpu_model_resolves_flash_attention_and_answers(
     """The real load: on the CPU `auto` opens a context of a KV stream per
     slot without flash attention, one pool the slots share with llama.cpp's
     auto; the saved-KV identity names what was opened (a V cache laid out for
-    one is not restored into the other), and greedy text is right."""
+    one is not restored into the other), the capacity says whether each
+    slot is a KV stream (what slot packing and draft pricing follow), and
+    greedy text is right."""
     config = LlamaCppConfig(
         str(smollm2_path), n_ctx=256, num_slots=2, kv_size=kv_size, step_tokens=256, n_threads=2, flash_attn=mode
     )
     backend = LlamaCppBackend(config)
     try:
         assert backend._flash_attn == resolved
+        assert backend.capacity().slot_streams == (kv_size == 0)  # 256 cells for 2 slots of 256: one pool
         assert f"|fa={resolved}|" in (backend.kv_state_identity() or "")
         tok = backend.tokenizer()
         text = tok.decode(greedy_continue(backend, tok.encode("The capital of France is", add_special=False), 5))

@@ -130,17 +130,15 @@ class SlotTable:
         free = [s for s in self.slots if s.owner is None]
         if not free:
             return None
-        if self.enable_prefix_cache:
-            best = max(free, key=lambda s: (common_prefix_len(s.token_ids, seq.token_ids), -s.slot_id))
-            shared = common_prefix_len(best.token_ids, seq.token_ids)
-            if self.packed:
-                lowest = free[0]
-                gain = shared - common_prefix_len(lowest.token_ids, seq.token_ids)
-                return best if gain >= PACKED_REUSE_MIN else lowest
-            if shared > 0:
-                return best
+        shared = (
+            {s.slot_id: common_prefix_len(s.token_ids, seq.token_ids) for s in free} if self.enable_prefix_cache else {}
+        )
+        best = max(free, key=lambda s: (shared.get(s.slot_id, 0), -s.slot_id))
         if self.packed:
-            return free[0]
+            lowest = free[0]  # the slots are in id order
+            return best if shared.get(best.slot_id, 0) - shared.get(lowest.slot_id, 0) >= PACKED_REUSE_MIN else lowest
+        if shared.get(best.slot_id, 0) > 0:
+            return best
         return min(free, key=lambda s: (bool(s.token_ids), s.slot_id))
 
     def reuse_prefix(self, seq: Sequence, slot: Slot, running: Iterable[Sequence], plan: StepDraft) -> int:

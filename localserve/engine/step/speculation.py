@@ -333,7 +333,7 @@ class DraftPlanner:
         self.draft_model = config.speculative == "draft"
         self._n_ctx = capacity.n_ctx
         self._kv_size = capacity.kv_size
-        self._draft_pass = capacity.slot_streams
+        self._slot_streams = capacity.slot_streams
         self.payoff = DraftPayoff()
         if config.speculative == "off":
             self.max_draft = 0
@@ -382,7 +382,7 @@ class DraftPlanner:
             num_seqs=plan.num_seqs,
             coefficients=(a, b, c),
             max_draft=max(len(d) for _, d, _ in proposals),
-            own_pass=self._draft_pass,
+            own_pass=self._slot_streams,
         )
         room = plan.budget  # drafted tokens the step may still take
         if plan.num_seqs > 1 and b + c > 0.0:
