@@ -63,6 +63,9 @@ def test_system_and_block_content(claude: anthropic.Anthropic) -> None:
 
 
 def test_stream_equals_whole(claude: anthropic.Anthropic) -> None:
+    # The prompt into the prefix cache first, so that both answers compared below read it alike
+    # (a whole prompt and its last token alone round differently: README, Sampling defaults).
+    claude.messages.create(model=MODEL_ID, max_tokens=1, messages=QUESTION, **GREEDY)  # type: ignore[arg-type]
     whole = claude.messages.create(model=MODEL_ID, max_tokens=16, messages=QUESTION, **GREEDY)  # type: ignore[arg-type]
     with claude.messages.stream(model=MODEL_ID, max_tokens=16, messages=QUESTION, **GREEDY) as stream:  # type: ignore[arg-type]
         text = "".join(stream.text_stream)

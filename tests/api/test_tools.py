@@ -247,9 +247,17 @@ def test_streamed_tool_calls_equal_whole(client: openai.OpenAI) -> None:
         parallel_tool_calls=False,  # greedy decoding would repeat the call up to the grammar's limit
         temperature=0,
         max_tokens=120,
+        extra_body={"speculative": False},  # a verify step rounds unlike a one-token one (README, Sampling defaults)
     )
-    whole = client.chat.completions.create(**kwargs).choices[0]
-    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    # The prompt into the prefix cache first, so that both answers compared below read it alike
+    # (a whole prompt and its last token alone round differently: README, Sampling defaults).
+    client.chat.completions.create(**{**kwargs, "max_tokens": 1})
+    reply = client.chat.completions.create(**kwargs)
+    whole = reply.choices[0]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    usage = chunks.pop().usage
+    assert usage and usage.prompt_tokens_details and reply.usage and reply.usage.prompt_tokens_details
+    assert usage.prompt_tokens_details.cached_tokens == reply.usage.prompt_tokens_details.cached_tokens > 0
     calls: dict[int, dict[str, str]] = {}
     for chunk in chunks:
         for delta_call in chunk.choices[0].delta.tool_calls or []:
