@@ -74,6 +74,20 @@ def test_completion_stream_events(server: ServerThread) -> None:
     assert "".join(e["content"] for e in pieces) == complete(server, prompt=PROMPT)["content"]
 
 
+def test_cache_prompt_false_computes_the_whole_prompt(server: ServerThread) -> None:
+    """llama-server's `cache_prompt: false`: no cached prefix reused, so the
+    whole prompt is computed (`prompt_n`) and nothing counts as cached."""
+    prompt = "A list of the planets of the solar system, in order from the Sun:"
+    num_tokens = len(server.tokenize(prompt))
+    complete(server, prompt=prompt)  # now cached in a slot
+    cached = complete(server, prompt=prompt)["timings"]
+    assert cached["cache_n"] == num_tokens - 1 and cached["prompt_n"] == 1
+    whole = complete(server, prompt=prompt, cache_prompt=False)["timings"]
+    assert whole["cache_n"] == 0 and whole["prompt_n"] == num_tokens
+    props = httpx.get(f"{server.base_url}/props", headers=KEY, timeout=30).json()
+    assert "cache_prompt" not in props["localserve"]["ignored_fields"]
+
+
 def test_completion_n_probs(server: ServerThread) -> None:
     result = complete(server, prompt=PROMPT, n_probs=3, n_predict=4)
     probs = result["completion_probabilities"]

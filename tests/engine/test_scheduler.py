@@ -14,7 +14,7 @@ import pytest
 from localserve.engine.step.batch_policy import BatchPolicy
 from localserve.engine.step.scheduler import SchedulerConfig
 from localserve.engine.step.sequence import SeqStatus
-from localserve.engine.types import FinishReason, KvOp, StepPlan
+from localserve.engine.types import FinishReason, KvOp, KvOpKind, StepPlan
 
 from .scripted import (
     EOS,
@@ -505,6 +505,28 @@ def test_without_prefix_cache_nothing_is_reused():
     driver.add("second", SHARED + [600], max_tokens=3)
     driver.run()
     assert driver.records["second"].last.num_cached_tokens == 0
+
+
+def test_a_request_without_cache_prompt_computes_its_whole_prompt():
+    """llama-server's `cache_prompt: false`: no prefix reused, neither a
+    finished request's in a free slot nor a running one's; the next request
+    that allows it reuses as before."""
+    driver = Driver(make_capacity(num_slots=3))
+    driver.add("first", SHARED + [500], max_tokens=3)
+    driver.run()
+    driver.add("running", SHARED + [501], max_tokens=20)
+    driver.step()
+    driver.add("whole", SHARED + [600], max_tokens=3, cache_prompt=False)
+    batch = driver.step()
+    chunk = driver.chunk(batch, "whole")
+    assert chunk.start_pos == 0 and len(chunk.token_ids) == 41
+    assert not [op for op in batch.kv_ops if op.kind == KvOpKind.COPY]
+    driver.run()
+    assert driver.records["whole"].last.num_cached_tokens == 0
+    assert driver.records["whole"].token_ids == run_alone(SHARED + [600], max_tokens=3)
+    driver.add("cached", SHARED + [600], max_tokens=3)
+    driver.run()
+    assert driver.records["cached"].last.num_cached_tokens == 40  # all but the last token, which gives logits
 
 
 # ---- KV exhaustion -------------------------------------------------------------

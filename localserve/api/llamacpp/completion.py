@@ -5,8 +5,9 @@ one prompt), or a list of those (one answer each: the response is then a
 list), plus the fields `/infill` takes (`n_predict`, `temperature`, `top_k`,
 `top_p`, `min_p`, `seed`, `stop`, `n_probs`, `stream`, `return_tokens`,
 `response_fields`, ...). No `n_predict` (or -1): the server's `--n-predict`,
-else until the context ends. `cache_prompt` and `samplers` are accepted
-and ignored (the prefix cache is always on; the sampler chain is fixed).
+else until the context ends. `cache_prompt: false` computes the whole
+prompt, reusing no cached prefix; `samplers` is accepted and ignored (the
+sampler chain is fixed).
 
 Answer: llama-server's result object (`content`, `tokens`, `stop`,
 `stop_type`, `tokens_predicted`, `tokens_evaluated`, `timings`, ...);

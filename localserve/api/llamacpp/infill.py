@@ -8,8 +8,9 @@ Body: `input_prefix`, `input_suffix` (both required, may be empty),
 `min_p`, `seed`, `stop`, `repeat_penalty`, `presence_penalty`,
 `frequency_penalty`, `stream`, `return_tokens`, `response_fields`, and
 `model` (optional: which loaded model; by default the only one, or the first
-that has FIM tokens). `cache_prompt` (the prefix cache is always on),
-`samplers`, `t_max_prompt_ms` and `id_slot` are accepted and ignored.
+that has FIM tokens). `cache_prompt: false` computes the whole prompt,
+reusing no cached prefix; `samplers`, `t_max_prompt_ms` and `id_slot` are
+accepted and ignored.
 
 As in llama.cpp: once a newline has been generated, `t_max_predict_ms`
 stops generation after that many ms, and `n_indent` stops it at the first

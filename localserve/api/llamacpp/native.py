@@ -123,7 +123,7 @@ async def props(request: web.Request) -> web.Response:
             "build_info": "localserve",
             "is_sleeping": False,
             # What localserve takes and ignores (llama-server honours them).
-            "localserve": {"ignored_fields": ["cache_prompt", "samplers", "id_slot", "t_max_prompt_ms"]},
+            "localserve": {"ignored_fields": ["samplers", "id_slot", "t_max_prompt_ms"]},
         }
     )
 

@@ -130,9 +130,8 @@ class SlotTable:
         free = [s for s in self.slots if s.owner is None]
         if not free:
             return None
-        shared = (
-            {s.slot_id: common_prefix_len(s.token_ids, seq.token_ids) for s in free} if self.enable_prefix_cache else {}
-        )
+        reuse = self.enable_prefix_cache and seq.sampling.cache_prompt
+        shared = {s.slot_id: common_prefix_len(s.token_ids, seq.token_ids) for s in free} if reuse else {}
         best = max(free, key=lambda s: (shared.get(s.slot_id, 0), -s.slot_id))
         if self.packed:
             lowest = free[0]  # the slots are in id order
@@ -147,9 +146,10 @@ class SlotTable:
         reused. At least one token is always left to compute, to get logits to
         sample from."""
         limit = seq.num_tokens - 1
-        num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if self.enable_prefix_cache else 0
+        reuse = self.enable_prefix_cache and seq.sampling.cache_prompt
+        num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if reuse else 0
         best_src, num_copy = None, num_own
-        if self.enable_prefix_cache:
+        if reuse:
             for other in running:
                 other_slot = self.slots[other.slot]
                 n = min(common_prefix_len(other_slot.token_ids, seq.token_ids), limit)
@@ -233,7 +233,7 @@ class DiskRestores:
         tier's reader thread) if it holds a block more than any slot and
         restoring is predicted faster than computing it."""
         disk = self._slots.disk
-        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions:
+        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions or not seq.sampling.cache_prompt:
             return
         limit = seq.num_tokens - 1
         found = disk.longest(seq.token_ids, limit)

@@ -28,9 +28,9 @@ class InfillExtra(BaseModel):
 
 class LlamaParams(BaseModel):
     """The generation fields llama.cpp's `/completion` and `/infill` share,
-    with llama-server's defaults. `cache_prompt` (the prefix cache is always
-    on), `samplers` (the engine's chain is fixed), `id_slot` and
-    `t_max_prompt_ms` are accepted and ignored."""
+    with llama-server's defaults. `cache_prompt: false` computes the whole
+    prompt (no cached prefix reused); `samplers` (the engine's chain is
+    fixed), `id_slot` and `t_max_prompt_ms` are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -136,6 +136,7 @@ def sampling_of(body: LlamaParams, logit_bias: tuple[tuple[int, float], ...] = (
         stop=tuple(s for s in body.stop if s),
         ignore_eos=body.ignore_eos,
         logit_bias=logit_bias,
+        cache_prompt=body.cache_prompt,
     )
 
 

@@ -78,6 +78,7 @@ def sampling(fields: SamplingFields) -> SamplingParams:
         min_tokens=fields.min_tokens,
         logit_bias=tuple(sorted((fields.logit_bias or {}).items())),
         speculative=fields.speculative,
+        cache_prompt=fields.cache_prompt,
     )
 
 

@@ -200,6 +200,7 @@ class SamplingFields(_Model):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     speculative: bool = True  # false: this request drafts no tokens (speculative decoding, --speculative)
+    cache_prompt: bool = True  # llama-server's: false computes the whole prompt, reusing no cached prefix
     priority: Priority = None
     # llama.cpp's server's own constraints: a JSON schema, or a GBNF (or Lark) grammar
     json_schema: dict[str, Any] | None = None
