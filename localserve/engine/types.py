@@ -71,8 +71,8 @@ class SamplingParams:
     grammar: str | None = None  # an llguidance grammar (serving/grammar.py); constrains every sampled token
     logit_bias: tuple[tuple[int, float], ...] = ()
     speculative: bool = True  # may draft tokens when the model speculates (`"speculative": false` turns it off)
-    # false: the whole prompt is computed, no cached prefix reused (llama-server's `cache_prompt`): a prompt read
-    # whole rounds unlike one whose last token runs alone, so repeated requests then give the same tokens
+    # false: the whole prompt is computed, no cached prefix reused (llama-server's `cache_prompt`); a cached prompt
+    # computes its last token alone and rounds differently (README, Sampling defaults: exact repeats)
     cache_prompt: bool = True
     think_budget: int | None = (
         None  # a reasoning model's thinking tokens before </think> is forced (serving/reasoning.py)
