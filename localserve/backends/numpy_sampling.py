@@ -81,17 +81,21 @@ class NumpySampler:
             self._bias = (ids, np.array([b for _, b in params.logit_bias], dtype=np.float32))
 
     @property
-    def plain_greedy(self) -> bool:
-        """Greedy over the raw logits: an argmax the caller may take over
-        many rows at once (`sample_rows`), then hand to `take`."""
+    def _raw(self) -> bool:
+        """Reads the raw logits: no logit bias, grammar, thinking budget or penalty."""
         p = self.params
         return (
-            p.greedy
-            and self._bias is None
+            self._bias is None
             and self._matcher is None
             and self._budget is None
             and not (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
         )
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy over the raw logits: an argmax the caller may take over
+        many rows at once (`greedy_rows`), then hand to `take`."""
+        return self.params.greedy and self._raw
 
     @property
     def plain_sampled(self) -> bool:
@@ -99,15 +103,7 @@ class NumpySampler:
         over the raw logits, end-of-generation tokens masked or not: what
         `sample_rows` draws for many rows at once, then hands to `took`."""
         p = self.params
-        return (
-            not p.greedy
-            and p.top_k > 0
-            and p.typical_p >= 1.0
-            and self._bias is None
-            and self._matcher is None
-            and self._budget is None
-            and not (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
-        )
+        return not p.greedy and p.top_k > 0 and p.typical_p >= 1.0 and self._raw
 
     def took(self, token: int) -> None:
         """Remember `token`, drawn for this sampler by `sample_rows`."""
@@ -120,9 +116,7 @@ class NumpySampler:
         nothing accepted) when it is a masked end-of-generation token."""
         if self._count < self._suppress_until and self._eog is not None and token in self._eog:
             return False
-        self._count += 1
-        if self._history.maxlen != 0:
-            self._history.append(token)
+        self.took(token)
         return True
 
     def sample(self, logits: np.ndarray) -> int:

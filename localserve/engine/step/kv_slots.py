@@ -109,6 +109,11 @@ class SlotTable:
         self.disk = disk if enable_prefix_cache else None
         self.packed = packed
 
+    def reuses(self, seq: Sequence) -> bool:
+        """May `seq` start from a cached prefix (the prefix cache is on and
+        the request did not ask `cache_prompt: false`)?"""
+        return self.enable_prefix_cache and seq.sampling.cache_prompt
+
     def __getitem__(self, slot_id: int) -> Slot:
         return self.slots[slot_id]
 
@@ -130,8 +135,7 @@ class SlotTable:
         free = [s for s in self.slots if s.owner is None]
         if not free:
             return None
-        reuse = self.enable_prefix_cache and seq.sampling.cache_prompt
-        shared = {s.slot_id: common_prefix_len(s.token_ids, seq.token_ids) for s in free} if reuse else {}
+        shared = {s.slot_id: common_prefix_len(s.token_ids, seq.token_ids) for s in free} if self.reuses(seq) else {}
         best = max(free, key=lambda s: (shared.get(s.slot_id, 0), -s.slot_id))
         if self.packed:
             lowest = free[0]  # the slots are in id order
@@ -146,7 +150,7 @@ class SlotTable:
         reused. At least one token is always left to compute, to get logits to
         sample from."""
         limit = seq.num_tokens - 1
-        reuse = self.enable_prefix_cache and seq.sampling.cache_prompt
+        reuse = self.reuses(seq)
         num_own = min(common_prefix_len(slot.token_ids, seq.token_ids), limit) if reuse else 0
         best_src, num_copy = None, num_own
         if reuse:
@@ -233,7 +237,7 @@ class DiskRestores:
         tier's reader thread) if it holds a block more than any slot and
         restoring is predicted faster than computing it."""
         disk = self._slots.disk
-        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions or not seq.sampling.cache_prompt:
+        if disk is None or seq.num_tokens - 1 < BLOCK or seq.num_preemptions or not self._slots.reuses(seq):
             return
         limit = seq.num_tokens - 1
         found = disk.longest(seq.token_ids, limit)
